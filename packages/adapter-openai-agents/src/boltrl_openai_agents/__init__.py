@@ -1,0 +1,5 @@
+"""boltrl_openai_agents (placeholder until its issue lands)."""
+
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -1,0 +1,383 @@
+"""The records every part of boltrl speaks. Defined here once; everything else imports them.
+
+All records are frozen pydantic models that serialize to JSON losslessly
+(``Model.model_validate_json(m.model_dump_json()) == m``). Records that a rollout
+accumulates (``LLMCall``, ``CallAnnotation``, ``ToolStep``, ``RewardEvent``) carry a
+``kind`` discriminator so a mixed list travels as one JSON array (see ``AnyRecord``)
+and an ``id`` that makes writing them idempotent: writing the same id twice keeps the
+first write.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+
+SCHEMA_VERSION = 1
+"""Bumped whenever a record changes shape; stored with every serialized rollout."""
+
+JSON = dict[str, Any]
+
+
+def new_id(prefix: str) -> str:
+    """A fresh, sortable-enough unique id such as ``ro-3f2a…``."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Task(_Record):
+    """One unit of work for the agent."""
+
+    id: str = Field(default_factory=lambda: new_id("task"))
+    """Stable task id; rollouts of the same task form a GRPO group."""
+    input: JSON
+    """What the agent receives as its ``task`` argument (any JSON object)."""
+    group: str | None = None
+    """Optional grouping key for advantage baselines; defaults to ``id`` when None."""
+    split: str | None = None
+    """Optional split name (``train``, ``val``, ``test``)."""
+    metadata: JSON = Field(default_factory=dict)
+    """Free-form JSON the trainer or user wants to keep next to the task."""
+
+
+class RolloutStatus(enum.StrEnum):
+    """Lifecycle of a rollout: queued → running → succeeded | failed | cancelled.
+
+    ``requeued`` is a queued rollout that already had at least one attempt.
+    """
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    REQUEUED = "requeued"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED)
+
+
+class AttemptOutcome(enum.StrEnum):
+    """How one attempt ended (``running`` while it has not)."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    LEASE_EXPIRED = "lease_expired"
+    CANCELLED = "cancelled"
+
+
+class Attempt(_Record):
+    """One try at running a rollout, held by one worker under a lease."""
+
+    rollout_id: str
+    """The rollout this attempt belongs to."""
+    number: int = Field(ge=1)
+    """Attempt number, 1-based; records written under it stay separate from other attempts."""
+    worker_id: str
+    """The runner (worker) that claimed it."""
+    started_at: float
+    """Unix time of the claim."""
+    lease_expires_at: float
+    """Unix time after which, without a heartbeat, the attempt is considered lost."""
+    last_heartbeat: float
+    """Unix time of the last heartbeat (== started_at until the first one)."""
+    outcome: AttemptOutcome = AttemptOutcome.RUNNING
+    """How it ended; ``running`` while it has not."""
+    ended_at: float | None = None
+    """Unix time it ended, if it did."""
+    error_kind: str | None = None
+    """Short machine-readable cause of failure (``exception``, ``timeout``, ``lease_expired``…)."""
+    error: str | None = None
+    """Human-readable error, with the traceback when the agent raised."""
+    task: Task | None = None
+    """The task, filled in on ``claim`` so a runner needs no second round trip."""
+    timeout_s: float | None = None
+    """The rollout's wall-clock budget, copied here for the runner to enforce."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.rollout_id}#{self.number}"
+
+
+class LLMCall(_Record):
+    """One model call as the gateway served it: the token-level truth of the rollout."""
+
+    kind: Literal["llm_call"] = "llm_call"
+    seq: int = 0
+    """Global write order, assigned by the store on first write (0 before); orders calls,
+    tool steps and rewards against each other."""
+    id: str
+    """The response id the gateway returned (``chatcmpl-…`` / ``resp_…``); adapters join on it."""
+    rollout_id: str
+    attempt: int = Field(ge=1)
+    """Attempt number the call was made under."""
+    agent: str | None = None
+    """Agent / role that made the call (filled by joining an adapter's annotation)."""
+    parent_id: str | None = None
+    """Parent in the call tree (framework span or another call id), from the adapter."""
+    request: JSON = Field(default_factory=dict)
+    """The request as sent: ``messages`` (OpenAI format), ``tools``, sampling params."""
+    response: JSON = Field(default_factory=dict)
+    """The response: ``message`` (OpenAI assistant message, ``tool_calls``), ``finish_reason``."""
+    prompt_token_ids: list[int] | None = None
+    """Token ids exactly as fed to the model; None when the backend could not tell."""
+    response_token_ids: list[int] | None = None
+    """Token ids exactly as sampled; None when the backend could not tell."""
+    response_logprobs: list[float] | None = None
+    """Logprob of each sampled token under the sampling distribution."""
+    policy_version: int | None = None
+    """Version of the weights that served the call."""
+    template_hash: str | None = None
+    """Hash of the chat template used to render ``prompt_token_ids``."""
+    model: str | None = None
+    """Model name the backend reported."""
+    usage: dict[str, int] = Field(default_factory=dict)
+    """``prompt_tokens`` / ``completion_tokens`` / ``total_tokens``."""
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    status: Literal["ok", "failed"] = "ok"
+    """``failed`` when the backend failed; such a call has no response tokens."""
+    error: str | None = None
+    cached: bool = False
+    """True when the framework answered from its own cache (never reached the model)."""
+
+    @property
+    def has_tokens(self) -> bool:
+        return self.prompt_token_ids is not None and self.response_token_ids is not None
+
+
+class CallAnnotation(_Record):
+    """What an adapter knows about one model call, joined onto the gateway's ``LLMCall``.
+
+    Joined by ``call_id`` (the response id) when the framework exposes it; otherwise by
+    order and content within the rollout (``request_messages``). Never by timestamp.
+    """
+
+    kind: Literal["call_annotation"] = "call_annotation"
+    seq: int = 0
+    """Global write order, assigned by the store on first write (0 before); orders calls,
+    tool steps and rewards against each other."""
+    id: str = Field(default_factory=lambda: new_id("ann"))
+    rollout_id: str = ""
+    attempt: int = 0
+    """Filled in by the rollout context when recorded."""
+    call_id: str | None = None
+    """Response id of the gateway call, when the framework exposes it."""
+    span_id: str | None = None
+    """The framework's own id for this call (LangChain run id, span id…)."""
+    parent_id: str | None = None
+    """The framework's id of the parent (graph node, agent span, another call)."""
+    agent: str | None = None
+    """Agent / role name (LangGraph node, Agents SDK agent, AutoGen source, DSPy predictor)."""
+    framework: str | None = None
+    """``langchain``, ``openai-agents``, ``autogen``, ``dspy``…"""
+    request_messages: list[JSON] | None = None
+    """The request messages in OpenAI form, used for joining when ``call_id`` is unknown."""
+    response: JSON | None = None
+    """The response as the framework saw it."""
+    cached: bool = False
+    """True when the framework answered from a cache; such a call has no gateway record."""
+    index: int = 0
+    """Order of this annotation within its rollout attempt (set by the context)."""
+
+
+class ToolStep(_Record):
+    """One tool execution."""
+
+    kind: Literal["tool_step"] = "tool_step"
+    seq: int = 0
+    """Global write order, assigned by the store on first write (0 before); orders calls,
+    tool steps and rewards against each other."""
+    id: str = Field(default_factory=lambda: new_id("tool"))
+    rollout_id: str = ""
+    attempt: int = 0
+    name: str
+    arguments: Any = None
+    """Arguments as JSON (a dict for function tools, a string when the framework gives one)."""
+    result: Any = None
+    """The tool's result as JSON (stringified when not JSON-serializable)."""
+    error: str | None = None
+    """Error message when the tool raised."""
+    parent_id: str | None = None
+    """The call that requested the tool (response id) or the framework span it ran under."""
+    call_id: str | None = None
+    """Response id of the model call that asked for this tool, when known."""
+    tool_call_id: str | None = None
+    """The OpenAI ``tool_call.id`` it answers, when known."""
+    agent: str | None = None
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    index: int = 0
+
+
+class RewardEvent(_Record):
+    """A reward that arrived during (or at the end of) a rollout."""
+
+    kind: Literal["reward"] = "reward"
+    seq: int = 0
+    """Global write order, assigned by the store on first write (0 before); orders calls,
+    tool steps and rewards against each other."""
+    id: str = Field(default_factory=lambda: new_id("rew"))
+    rollout_id: str = ""
+    attempt: int = 0
+    value: float
+    name: str = "reward"
+    call_id: str | None = None
+    """The model call this reward refers to, if any; else it applies from its position on."""
+    index: int = 0
+    """Order among the rollout's records; credit assignment places the reward by it."""
+    timestamp: float = 0.0
+    final: bool = False
+    """True for the final reward (the agent's return value)."""
+
+    @field_validator("value")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("reward value must be a finite number (got NaN or infinity)")
+        return v
+
+
+AnyRecord = Annotated[
+    LLMCall | CallAnnotation | ToolStep | RewardEvent, Field(discriminator="kind")
+]
+"""One record of a rollout; ``kind`` tells which."""
+
+RECORDS_ADAPTER: TypeAdapter[list[AnyRecord]] = TypeAdapter(list[AnyRecord])
+RECORD_ADAPTER: TypeAdapter[AnyRecord] = TypeAdapter(AnyRecord)
+
+
+class Rollout(_Record):
+    """A task's run through the agent, with everything recorded about it."""
+
+    schema_version: int = SCHEMA_VERSION
+    id: str
+    task: Task
+    status: RolloutStatus
+    max_attempts: int = 3
+    timeout_s: float | None = None
+    created_at: float = 0.0
+    finished_at: float | None = None
+    reward: float | None = None
+    """Final reward (the agent's return value), if any."""
+    error: str | None = None
+    """Last error, when failed."""
+    attempts: list[Attempt] = Field(default_factory=list)
+    calls: list[LLMCall] = Field(default_factory=list)
+    """Gateway calls of all attempts, in order, with adapter annotations joined in."""
+    tool_steps: list[ToolStep] = Field(default_factory=list)
+    rewards: list[RewardEvent] = Field(default_factory=list)
+    annotations: list[CallAnnotation] = Field(default_factory=list)
+    """Raw adapter annotations (joined ones included), for inspection."""
+    unjoined_calls: int = 0
+    """Adapter annotations that matched no gateway call (cached calls excluded)."""
+
+    @property
+    def attempt_count(self) -> int:
+        return len(self.attempts)
+
+    def records_of(self, attempt: int) -> Rollout:
+        """This rollout restricted to one attempt's records."""
+        return self.model_copy(
+            update={
+                "calls": [c for c in self.calls if c.attempt == attempt],
+                "tool_steps": [t for t in self.tool_steps if t.attempt == attempt],
+                "rewards": [r for r in self.rewards if r.attempt == attempt],
+                "annotations": [a for a in self.annotations if a.attempt == attempt],
+            }
+        )
+
+    @property
+    def final_attempt(self) -> int | None:
+        """Number of the attempt that decided the outcome (the last one)."""
+        return self.attempts[-1].number if self.attempts else None
+
+
+class Transition(_Record):
+    """The unified MDP record the trainer consumes: one (state, action, reward) step."""
+
+    rollout_id: str
+    task_id: str
+    group: str
+    """Advantage group (the task's ``group`` or its id)."""
+    step: int
+    """Index of this transition within its rollout."""
+    agent: str | None
+    state: list[int]
+    """Prompt token ids (the exact ids the model saw)."""
+    action: list[int]
+    """Response token ids (with observation tokens inside when prefix-merged; see mask)."""
+    action_logprobs: list[float]
+    """Logprob of each ``action`` token at sampling time (0.0 for masked tokens)."""
+    action_mask: list[int]
+    """1 for tokens the policy sampled (trained on), 0 for observation tokens."""
+    reward: float
+    """Credited reward for this step."""
+    done: bool
+    policy_version: int | None
+    call_ids: list[str]
+    """Gateway call ids merged into this transition."""
+
+
+class LLM(_Record):
+    """What an agent hands its framework's OpenAI client."""
+
+    base_url: str
+    """Rollout-scoped OpenAI base URL: ``{gateway}/rollouts/{rollout_id}/v1``."""
+    model: str
+    api_key: str = "boltrl"
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    rollout_id: str | None = None
+
+    @property
+    def sampling(self) -> JSON:
+        """Sampling parameters that are set, in OpenAI request form."""
+        out: JSON = {}
+        if self.temperature is not None:
+            out["temperature"] = self.temperature
+        if self.top_p is not None:
+            out["top_p"] = self.top_p
+        if self.max_tokens is not None:
+            out["max_tokens"] = self.max_tokens
+        return out
+
+
+class Resources(_Record):
+    """What the trainer publishes so runners (even remote ones) know where the model is."""
+
+    gateway_url: str | None = None
+    """Base URL of the gateway (without ``/rollouts/...``)."""
+    model: str = "policy"
+    api_key: str = "boltrl"
+    policy_version: int = 0
+    sampling: JSON = Field(default_factory=dict)
+    extra: JSON = Field(default_factory=dict)
+    version: int = 0
+    """Incremented by the store on each publish."""
+
+    def llm_for(self, rollout_id: str) -> LLM:
+        if self.gateway_url is None:
+            raise ValueError("no gateway_url published: call store.publish_resources first")
+        base = self.gateway_url.rstrip("/")
+        s = self.sampling
+        return LLM(
+            base_url=f"{base}/rollouts/{rollout_id}/v1",
+            model=self.model,
+            api_key=self.api_key,
+            temperature=s.get("temperature"),
+            top_p=s.get("top_p"),
+            max_tokens=s.get("max_tokens"),
+            rollout_id=rollout_id,
+        )

@@ -1,0 +1,5 @@
+"""boltrl_trainer (placeholder until its issue lands)."""
+
+from __future__ import annotations
+
+__all__: list[str] = []
