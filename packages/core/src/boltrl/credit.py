@@ -219,17 +219,21 @@ def _step_rewards(
 ) -> list[float]:
     """Sum of the rewards placed on each step (see the module docstring)."""
     r = [0.0] * len(steps)
-    step_of_call = {c.id: i for i, chain in enumerate(steps) for c in chain}
     starts = [chain[0].seq for chain in steps]  # sorted: steps follow seq order
-    call_seq = {c.id: c.seq for c in all_calls}
+    step_of_call: dict[str, int] | None = None
     for ev in rewards:
         if ev.final:
             continue
-        i = step_of_call.get(ev.call_id) if ev.call_id is not None else None
-        if i is None:
-            pos = call_seq.get(ev.call_id, ev.seq) if ev.call_id is not None else ev.seq
-            i = max(bisect.bisect_right(starts, pos) - 1, 0)
-        r[i] += ev.value
+        pos = ev.seq
+        if ev.call_id is not None:
+            if step_of_call is None:
+                step_of_call = {c.id: i for i, chain in enumerate(steps) for c in chain}
+            if ev.call_id in step_of_call:
+                r[step_of_call[ev.call_id]] += ev.value
+                continue
+            # a call that is not emitted (context, failed, cached) positions it by its seq
+            pos = next((c.seq for c in all_calls if c.id == ev.call_id), pos)
+        r[max(bisect.bisect_right(starts, pos) - 1, 0)] += ev.value
     if final is not None:
         r[-1] += final
     return r
@@ -242,13 +246,21 @@ def _returns_to_go(r: list[float], gamma: float) -> list[float]:
     return out
 
 
+def _seq(call: LLMCall) -> int:
+    return call.seq
+
+
 def _credited(
     rollout: Rollout, cfg: CreditConfig
 ) -> tuple[list[list[LLMCall]], list[float], float]:
     """The steps of the selected attempt, each step's credited reward, and the return."""
     attempt = _attempt_number(rollout, cfg)
-    recs = rollout.records_of(attempt) if attempt is not None else rollout
-    calls = sorted(recs.calls, key=lambda c: c.seq)
+    # Same selection as ``rollout.records_of(attempt)``, without copying the rollout.
+    if attempt is None:  # nothing was ever recorded under an attempt number
+        calls, rewards = sorted(rollout.calls, key=_seq), list(rollout.rewards)
+    else:
+        calls = sorted((c for c in rollout.calls if c.attempt == attempt), key=_seq)
+        rewards = [ev for ev in rollout.rewards if ev.attempt == attempt]
     allowed = None if cfg.agents is None else set(cfg.agents)
     kept = [
         c
@@ -258,15 +270,15 @@ def _credited(
     for c in kept:
         _check_tokens(rollout, c)
     steps = _steps(kept, cfg.merge_prefix)
-    final = _final_reward(rollout, attempt, recs.rewards)
+    final = _final_reward(rollout, attempt, rewards)
     if cfg.mode == "final":
         if final is None:
-            final = sum(ev.value for ev in recs.rewards if not ev.final)
+            final = sum(ev.value for ev in rewards if not ev.final)
         return steps, [final] * len(steps), final
     if not steps:
-        total = sum(ev.value for ev in recs.rewards if not ev.final) + (final or 0.0)
+        total = sum(ev.value for ev in rewards if not ev.final) + (final or 0.0)
         return steps, [], total
-    credited = _returns_to_go(_step_rewards(steps, calls, recs.rewards, final), cfg.gamma)
+    credited = _returns_to_go(_step_rewards(steps, calls, rewards, final), cfg.gamma)
     return steps, credited, credited[0]
 
 
