@@ -1,0 +1,49 @@
+"""The gateway: an OpenAI-compatible endpoint that records every rollout call exactly.
+
+Agents get ``{gateway}/rollouts/{rollout_id}/v1`` as their OpenAI ``base_url``; each call
+is served by a ``Backend`` and filed as an ``LLMCall`` (prompt and response token ids,
+logprobs, policy version, template hash) under the rollout's running attempt before the
+agent sees the answer. ``/v1`` without a rollout serves calls that are not recorded.
+
+Names are imported lazily: backends import ``boltrl.gateway.backend`` without paying
+for the web stack.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "Backend": "boltrl.gateway.backend",
+    "Generation": "boltrl.gateway.backend",
+    "GenerationRequest": "boltrl.gateway.backend",
+    "Gateway": "boltrl.gateway.server",
+    "create_gateway_app": "boltrl.gateway.app",
+    "UpstreamBackend": "boltrl.gateway.upstream",
+}
+
+__all__ = [
+    "Backend",
+    "Gateway",
+    "Generation",
+    "GenerationRequest",
+    "UpstreamBackend",
+    "create_gateway_app",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'boltrl.gateway' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from boltrl.gateway.app import create_gateway_app
+    from boltrl.gateway.backend import Backend, Generation, GenerationRequest
+    from boltrl.gateway.server import Gateway
+    from boltrl.gateway.upstream import UpstreamBackend

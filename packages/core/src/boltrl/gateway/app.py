@@ -1,0 +1,231 @@
+"""The gateway's ASGI app: OpenAI-compatible routes, recorded per rollout.
+
+Routes (each also under ``/v1/...`` without a rollout, served but not recorded):
+
+- ``POST /rollouts/{rollout_id}/v1/chat/completions``
+- ``POST /rollouts/{rollout_id}/v1/responses``
+- ``GET  /rollouts/{rollout_id}/v1/models`` and ``.../v1/models/{model}``
+- ``GET  /health``
+
+Per call: parse and validate (400 naming the field, nothing recorded) → find the
+rollout's running attempt (404 when unknown or finished) → generate (backend failure:
+the call is recorded ``failed``, then 502/503) → record the call → respond. The call id
+is the response id (``chatcmpl-…`` / ``resp_…``). Handlers are plain Starlette
+endpoints on a FastAPI app: no per-request model validation on the hot path.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from boltrl.errors import BackendUnavailable, BoltrlError
+from boltrl.gateway import chat, responses
+from boltrl.gateway._errors import RequestError, error_body
+from boltrl.gateway._json import dumps, loads
+from boltrl.gateway._output import ParsedCall
+from boltrl.gateway.backend import Backend, Generation
+from boltrl.gateway.recording import Recorder, failed_call, ok_call
+from boltrl.store.base import Store
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(dumps(body), status, media_type="application/json")
+
+
+def _error(status: int, message: str, *, param: str | None = None, code: str | None) -> Response:
+    return _json(error_body(status, message, param=param, code=code), status)
+
+
+def _boltrl_error(e: BoltrlError) -> Response:
+    if isinstance(e, RequestError):
+        return _error(400, str(e), param=e.param, code=e.error_code)
+    return _error(e.status_code, str(e), code=e.code)
+
+
+class _API:
+    """One API shape: how to parse its body and render its answers."""
+
+    def __init__(
+        self,
+        prefix: str,
+        parse: Callable[[JSON], ParsedCall],
+        render: Callable[[str, int, str, Generation, ParsedCall], JSON],
+        stream: Callable[[str, int, str, Generation, ParsedCall], bytes],
+    ) -> None:
+        self.prefix, self.parse, self.render, self.stream = prefix, parse, render, stream
+
+
+_CHAT = _API("chatcmpl-", chat.parse, chat.completion, chat.stream)
+_RESPONSES = _API("resp_", responses.parse, responses.response, responses.stream)
+
+
+class _Handlers:
+    def __init__(self, backend: Backend, store: Store | None, token: str | None) -> None:
+        self.backend = backend
+        self.recorder = Recorder(store) if store is not None else None
+        self.token = token.encode() if token else None
+
+    def _unauthorized(self, request: Request) -> Response | None:
+        if self.token is None:
+            return None
+        given = request.headers.get("authorization", "").removeprefix("Bearer ").encode()
+        if hmac.compare_digest(given, self.token):
+            return None
+        return _error(
+            401, "Incorrect API key provided for the boltrl gateway.", code="invalid_api_key"
+        )
+
+    async def serve(self, request: Request, api: _API) -> Response:
+        denied = self._unauthorized(request)
+        if denied is not None:
+            return denied
+        rollout_id: str | None = request.path_params.get("rollout_id")
+        try:
+            call = _parse(api, await request.body())
+        except BoltrlError as e:
+            return _boltrl_error(e)
+        call.request.rollout_id = rollout_id
+        recorder = self.recorder if rollout_id is not None else None
+        attempt = None
+        if recorder is not None:
+            try:
+                attempt = await recorder.attempt(rollout_id)  # type: ignore[arg-type]
+            except BoltrlError as e:
+                return _boltrl_error(e)
+        call_id = api.prefix + uuid.uuid4().hex
+        backend = self.backend
+        started = time.time()
+        try:
+            gen = await backend.generate(call.request)
+        except Exception as e:
+            ended = time.time()
+            log.warning("gateway: backend failed on %s: %s: %s", call_id, type(e).__name__, e)
+            if attempt is not None and recorder is not None:
+                record = failed_call(
+                    call_id,
+                    attempt,
+                    call,
+                    e,
+                    model=backend.model_name,
+                    started_at=started,
+                    ended_at=ended,
+                )
+                await recorder.record_failure(attempt, record)
+            if isinstance(e, BackendUnavailable):
+                return _error(503, f"backend unavailable: {e}", code=e.code)
+            return _error(502, f"backend error: {type(e).__name__}: {e}", code="backend_error")
+        ended = time.time()
+        model = gen.model or backend.model_name
+        if attempt is not None and recorder is not None:
+            try:
+                record = ok_call(
+                    call_id,
+                    attempt,
+                    call,
+                    gen,
+                    model=model,
+                    policy_version=backend.policy_version,
+                    started_at=started,
+                    ended_at=ended,
+                )
+                await recorder.record(attempt, record)
+            except BoltrlError as e:
+                return _boltrl_error(e)
+            except ValueError as e:  # the backend produced something a record cannot hold
+                log.exception("gateway: call %s cannot be recorded", call_id)
+                return _error(
+                    502, f"backend returned an invalid generation: {e}", code="backend_error"
+                )
+        created = int(ended)
+        if call.stream:
+            body = api.stream(call_id, created, model, gen, call)
+            return Response(body, 200, headers=_SSE_HEADERS, media_type="text/event-stream")
+        return _json(api.render(call_id, created, model, gen, call))
+
+    async def chat(self, request: Request) -> Response:
+        return await self.serve(request, _CHAT)
+
+    async def responses(self, request: Request) -> Response:
+        return await self.serve(request, _RESPONSES)
+
+    def _model(self) -> JSON:
+        return {
+            "id": self.backend.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "boltrl",
+        }
+
+    async def models(self, request: Request) -> Response:
+        denied = self._unauthorized(request)
+        return denied or _json({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: Request) -> Response:
+        denied = self._unauthorized(request)
+        if denied is not None:
+            return denied
+        name = request.path_params["model"]
+        if name != self.backend.model_name:
+            return _error(
+                404, f"The model {name!r} does not exist", param="model", code="model_not_found"
+            )
+        return _json(self._model())
+
+    async def health(self, request: Request) -> Response:
+        return _json({"status": "ok", "model": self.backend.model_name})
+
+
+def _parse(api: _API, raw: bytes) -> ParsedCall:
+    try:
+        body = loads(raw)
+    except ValueError as e:
+        raise RequestError(f"the request body is not valid JSON: {e}", None) from e
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object", None)
+    return api.parse(body)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return _error(exc.status_code, message, code=code)
+
+
+def create_gateway_app(
+    backend: Backend, store: Store | None = None, *, token: str | None = None
+) -> FastAPI:
+    """The gateway as an ASGI app (mount it anywhere; ``Gateway`` serves it standalone).
+
+    ``store`` None serves rollout routes without recording them (the rollout id still
+    reaches the backend). ``token``, when set, is required as ``Authorization: Bearer``
+    (OpenAI clients send their ``api_key`` that way) on every route but ``/health``.
+    Neither the backend nor the store is closed by the app.
+    """
+    h = _Handlers(backend, store, token)
+    app = FastAPI(title="boltrl gateway", openapi_url=None, docs_url=None, redoc_url=None)
+    app.add_exception_handler(HTTPException, _http_error)
+    for prefix in ("/rollouts/{rollout_id}/v1", "/v1"):
+        app.add_route(f"{prefix}/chat/completions", h.chat, methods=["POST"])
+        app.add_route(f"{prefix}/responses", h.responses, methods=["POST"])
+        app.add_route(f"{prefix}/models", h.models, methods=["GET"])
+        app.add_route(f"{prefix}/models/{{model:path}}", h.model, methods=["GET"])
+    app.add_route("/health", h.health, methods=["GET"])
+    app.state.backend = backend
+    app.state.store = store
+    return app

@@ -1,0 +1,126 @@
+"""Turning one served call into one ``LLMCall`` in the store.
+
+The gateway writes a call before the agent sees the response, so what an agent has
+seen is durable; a write that fails fails the request. Store methods are synchronous
+(they may do I/O: SQLite commits, HTTP), so they run on worker threads, never on the
+event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, TypeVar
+
+import anyio.to_thread
+
+from boltrl.errors import BoltrlError, Conflict, NotFound, StoreUnavailable
+from boltrl.gateway._output import ParsedCall, assistant_message, usage_of
+from boltrl.gateway.backend import Generation
+from boltrl.records import Attempt, LLMCall
+from boltrl.store.base import Store
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class RolloutUnavailable(BoltrlError):
+    """The rollout is unknown or not running: the agent gets a 404."""
+
+    status_code = 404
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _store_error(e: Exception, rollout_id: str) -> BoltrlError:
+    """What the agent is told when the store refuses or fails."""
+    if isinstance(e, NotFound):
+        return RolloutUnavailable(f"rollout {rollout_id!r} not found", "rollout_not_found")
+    if isinstance(e, Conflict):
+        return RolloutUnavailable(
+            f"rollout {rollout_id!r} is not running ({e}); its calls can no longer be recorded",
+            "rollout_not_running",
+        )
+    if isinstance(e, StoreUnavailable):
+        return e
+    return StoreUnavailable(f"could not record the call: {type(e).__name__}: {e}")
+
+
+class Recorder:
+    """Files calls of rollout routes under the rollout's current attempt."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def attempt(self, rollout_id: str) -> Attempt:
+        """The running attempt; raises ``RolloutUnavailable`` (404) or ``StoreUnavailable``."""
+        try:
+            return await anyio.to_thread.run_sync(self.store.current_attempt, rollout_id)
+        except Exception as e:
+            raise _store_error(e, rollout_id) from e
+
+    async def record(self, attempt: Attempt, call: LLMCall) -> None:
+        """Write the call durably; raises what the agent should be told when that fails."""
+        try:
+            await anyio.to_thread.run_sync(self.store.record, attempt, [call])
+        except Exception as e:
+            log.warning("gateway: recording call %s failed: %s", call.id, e)
+            raise _store_error(e, attempt.rollout_id) from e
+
+    async def record_failure(self, attempt: Attempt, call: LLMCall) -> None:
+        """Write a failed call; a store failure here is logged (the backend error wins)."""
+        try:
+            await anyio.to_thread.run_sync(self.store.record, attempt, [call])
+        except Exception:
+            log.exception("gateway: could not record failed call %s", call.id)
+
+
+def ok_call(
+    call_id: str,
+    attempt: Attempt,
+    call: ParsedCall,
+    gen: Generation,
+    *,
+    model: str,
+    policy_version: int | None,
+    started_at: float,
+    ended_at: float,
+) -> LLMCall:
+    """The record of a served call: request, response, tokens, versions, usage, timing."""
+    return LLMCall(
+        id=call_id,
+        rollout_id=attempt.rollout_id,
+        attempt=attempt.number,
+        request=call.record(),
+        response={"message": assistant_message(gen), "finish_reason": gen.finish_reason},
+        prompt_token_ids=gen.prompt_token_ids,
+        response_token_ids=gen.response_token_ids,
+        response_logprobs=gen.response_logprobs,
+        policy_version=gen.policy_version if gen.policy_version is not None else policy_version,
+        template_hash=gen.template_hash,
+        model=model,
+        usage=usage_of(gen),
+        started_at=started_at,
+        ended_at=ended_at,
+    )
+
+
+def failed_call(
+    call_id: str,
+    attempt: Attempt,
+    call: ParsedCall,
+    error: BaseException,
+    **fields: Any,
+) -> LLMCall:
+    """The record of a call the backend failed: request and error, no response, no tokens."""
+    return LLMCall(
+        id=call_id,
+        rollout_id=attempt.rollout_id,
+        attempt=attempt.number,
+        request=call.record(),
+        status="failed",
+        error=f"{type(error).__name__}: {error}",
+        **fields,
+    )
