@@ -1,0 +1,351 @@
+"""The store over HTTP, client side: ``open_store("http://host:port", token=...)``.
+
+- **Same errors.** Server errors come back as the exception classes of
+  ``boltrl.errors`` (by the ``code`` in the JSON body), so callers cannot tell this store
+  from an in-process one by its errors.
+- **Retries.** Connection errors and 5xx answers are retried with exponential backoff
+  and jitter (``retries`` times); then ``StoreUnavailable``. Mutating calls carry an
+  ``Idempotency-Key`` that stays the same across retries, so a retry after a lost answer
+  gets the original answer instead of enqueueing twice or finishing a finished attempt.
+- **Batched records (group commit).** ``record`` hands its records to one background
+  sender and blocks until the batch they travel in is acknowledged: a single caller
+  pays one round trip per call, many concurrent callers share round trips. ``record``
+  never returns before its records are durable on the server.
+- **Long-polls.** ``claim`` and ``wait`` block on the server in slices of at most
+  ``MAX_POLL_S``, looping until their own timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import httpx
+from pydantic import TypeAdapter
+
+from boltrl.errors import BoltrlError, InvalidInput, NotFound, StoreUnavailable
+from boltrl.records import AnyRecord, Attempt, Resources, Rollout, RolloutStatus, Task
+from boltrl.store import _wire as w
+from boltrl.store._checks import check_number
+from boltrl.store._engine import WorkerInfo
+from boltrl.store.base import DEFAULT_LEASE_S
+
+log = logging.getLogger(__name__)
+
+_ANY_LIST: TypeAdapter[list[Any]] = TypeAdapter(list[Any])
+_WORKERS: TypeAdapter[list[WorkerInfo]] = TypeAdapter(list[WorkerInfo])
+_RETRY_STATUS = (500, 502, 503, 504)
+
+
+class HttpStore:
+    """A ``Store`` served by ``boltrl store serve`` (or ``create_store_app``) elsewhere.
+
+    Thread-safe: share one instance between threads. ``close()`` sends what is batched
+    and releases connections.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout_s: float = 30.0,
+        retries: int = 6,
+        backoff_s: float = 0.1,
+        max_backoff_s: float = 5.0,
+        max_batch: int = 512,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._timeout_s = timeout_s
+        self._http = httpx.Client(
+            base_url=self.url + w.PREFIX,
+            headers=headers,
+            timeout=timeout_s,
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
+        )
+        self._batch = _RecordBatcher(self, max_batch)
+        self._closed = False
+
+    # -- transport --------------------------------------------------------------------------
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        params: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+        once: bool = False,
+    ) -> bytes:
+        """Send with retries; return the body of a 2xx answer or raise the mapped error."""
+        if self._closed:
+            raise StoreUnavailable("the store client is closed")
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        if once:
+            headers["Idempotency-Key"] = uuid.uuid4().hex
+        timeout = self._timeout_s if timeout_s is None else timeout_s
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                resp = self._http.request(
+                    method, path, content=body, params=params, headers=headers, timeout=timeout
+                )
+            except httpx.TransportError as e:
+                if last:
+                    raise StoreUnavailable(f"could not reach the store at {self.url}: {e}") from e
+                log.debug("store request %s %s failed (%s); retrying", method, path, e)
+                self._sleep(attempt)
+                continue
+            if resp.status_code in _RETRY_STATUS and not last:
+                self._sleep(attempt)
+                continue
+            if resp.status_code >= 400:
+                raise _error_of(resp)
+            return resp.content
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _sleep(self, attempt: int) -> None:
+        delay = min(self.max_backoff_s, self.backoff_s * 2**attempt)
+        time.sleep(delay * (0.5 + random.random() / 2))
+
+    # -- the Store API ------------------------------------------------------------------------
+
+    def enqueue(
+        self, tasks: Sequence[Task], *, max_attempts: int = 3, timeout_s: float | None = None
+    ) -> list[str]:
+        if isinstance(tasks, str | bytes | dict) or not isinstance(tasks, Sequence):
+            raise InvalidInput(f"tasks: expected a list of Task, got {type(tasks).__name__}")
+        req = w.EnqueueRequest(tasks=list(tasks), max_attempts=max_attempts, timeout_s=timeout_s)
+        body = self._request("POST", "/rollouts", body=req.model_dump_json().encode(), once=True)
+        return w.Ids.model_validate_json(body).ids
+
+    def claim(
+        self, worker_id: str, *, lease_s: float = DEFAULT_LEASE_S, wait_s: float = 0.0
+    ) -> Attempt | None:
+        wait_s = check_number("wait_s", wait_s)
+        deadline = time.monotonic() + wait_s
+        while True:
+            chunk = min(max(0.0, deadline - time.monotonic()), w.MAX_POLL_S)
+            req = w.ClaimRequest(worker_id=worker_id, lease_s=lease_s, wait_s=chunk)
+            body = self._request(
+                "POST",
+                "/claim",
+                body=req.model_dump_json().encode(),
+                timeout_s=chunk + self._timeout_s,
+                once=True,
+            )
+            att = w.OPTIONAL_ATTEMPT.validate_json(body)
+            if att is not None or time.monotonic() >= deadline:
+                return att
+
+    def heartbeat(self, attempt: Attempt, *, lease_s: float | None = None) -> Attempt:
+        req = w.HeartbeatRequest(attempt=_bare(attempt), lease_s=lease_s)
+        body = self._request("POST", "/heartbeat", body=req.model_dump_json().encode())
+        beat = Attempt.model_validate_json(body)
+        return beat.model_copy(update={"task": attempt.task, "timeout_s": attempt.timeout_s})
+
+    def record(self, attempt: Attempt, records: Sequence[AnyRecord]) -> None:
+        if not isinstance(attempt, Attempt):
+            raise InvalidInput(f"attempt: expected an Attempt, got {type(attempt).__name__}")
+        if isinstance(records, str | bytes) or not isinstance(records, Sequence):
+            raise InvalidInput(f"records: expected a list of records, got {type(records).__name__}")
+        # Serialized here, in the caller's thread: the sender only concatenates.
+        item = (
+            b'{"attempt":'
+            + _bare(attempt).model_dump_json().encode()
+            + b',"records":'
+            + _ANY_LIST.dump_json(list(records))
+            + b"}"
+        )
+        self._batch.submit(item).result()
+
+    def _send_records(self, items: list[bytes]) -> list[BoltrlError | None]:
+        body = b'{"items":[' + b",".join(items) + b"]}"
+        results = w.RecordResults.model_validate_json(
+            self._request("POST", "/records", body=body)
+        ).results
+        return [None if r is None else w.error_from(r.code, r.message) for r in results]
+
+    def current_attempt(self, rollout_id: str) -> Attempt:
+        body = self._request("GET", f"/rollouts/{_seg(rollout_id)}/current_attempt")
+        return Attempt.model_validate_json(body)
+
+    def finish(
+        self,
+        attempt: Attempt,
+        status: RolloutStatus | str,
+        *,
+        reward: float | None = None,
+        error: str | None = None,
+        error_kind: str | None = None,
+        retryable: bool = False,
+    ) -> Rollout:
+        req = w.FinishRequest(
+            attempt=_bare(attempt),
+            status=status,
+            reward=reward,
+            error=error,
+            error_kind=error_kind,
+            retryable=retryable,
+        )
+        body = self._request("POST", "/finish", body=req.model_dump_json().encode(), once=True)
+        return Rollout.model_validate_json(body)
+
+    def cancel(self, rollout_id: str) -> Rollout:
+        body = self._request("POST", f"/rollouts/{_seg(rollout_id)}/cancel", once=True)
+        return Rollout.model_validate_json(body)
+
+    def get(self, rollout_id: str) -> Rollout:
+        return Rollout.model_validate_json(self._request("GET", f"/rollouts/{_seg(rollout_id)}"))
+
+    def query(
+        self, *, status: RolloutStatus | str | None = None, limit: int = 100, offset: int = 0
+    ) -> list[Rollout]:
+        params: dict[str, Any] = {"limit": limit, "offset": offset}
+        if status is not None:
+            params["status"] = str(status)
+        return w.ROLLOUTS.validate_json(self._request("GET", "/rollouts", params=params))
+
+    def count(self, *, status: RolloutStatus | str | None = None) -> int:
+        params = {} if status is None else {"status": str(status)}
+        return w.Count.model_validate_json(self._request("GET", "/count", params=params)).count
+
+    def wait(self, rollout_ids: Sequence[str], timeout_s: float) -> list[Rollout]:
+        if isinstance(rollout_ids, str) or not isinstance(rollout_ids, Sequence):
+            raise InvalidInput("rollout_ids: expected a list of rollout ids")
+        timeout_s = check_number("timeout_s", timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            chunk = min(max(0.0, deadline - time.monotonic()), w.MAX_POLL_S)
+            req = w.WaitRequest(ids=list(rollout_ids), timeout_s=chunk)
+            body = self._request(
+                "POST", "/wait", body=req.model_dump_json().encode(),
+                timeout_s=chunk + self._timeout_s,
+            )  # fmt: skip
+            found = w.ROLLOUTS.validate_json(body)
+            if all(r.status.terminal for r in found) or time.monotonic() >= deadline:
+                return found
+
+    def publish_resources(self, resources: Resources) -> Resources:
+        if not isinstance(resources, Resources):
+            raise InvalidInput(f"resources: expected Resources, got {type(resources).__name__}")
+        body = self._request(
+            "POST", "/resources", body=resources.model_dump_json().encode(), once=True
+        )
+        return Resources.model_validate_json(body)
+
+    def resources(self) -> Resources:
+        return Resources.model_validate_json(self._request("GET", "/resources"))
+
+    def workers(self) -> list[WorkerInfo]:
+        """Workers the server's store has seen (see ``StoreEngine.workers``)."""
+        return _WORKERS.validate_json(self._request("GET", "/workers"))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._batch.close()
+        self._closed = True
+        self._http.close()
+
+    def __enter__(self) -> HttpStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _RecordBatcher:
+    """Group commit for ``record``: one sender thread, one batch in flight at a time.
+
+    Callers append their serialized item and wait on its future; the sender takes
+    everything pending (up to ``max_batch`` items) as one request and resolves each
+    future with that item's own result.
+    """
+
+    def __init__(self, client: HttpStore, max_batch: int) -> None:
+        self._client = client
+        self._max = max_batch
+        self._cond = threading.Condition()
+        self._pending: list[tuple[bytes, Future[None]]] = []
+        self._closing = False
+        self._thread: threading.Thread | None = None
+
+    def submit(self, item: bytes) -> Future[None]:
+        fut: Future[None] = Future()
+        with self._cond:
+            if self._closing:
+                raise StoreUnavailable("the store client is closed")
+            self._pending.append((item, fut))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="boltrl-store-records", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closing:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                batch, self._pending = self._pending[: self._max], self._pending[self._max :]
+            try:
+                results = self._client._send_records([item for item, _ in batch])
+            except BaseException as e:  # every caller of the batch sees the failure
+                for _, fut in batch:
+                    fut.set_exception(e)
+                continue
+            for (_, fut), err in zip(batch, results, strict=True):
+                if err is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(err)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+
+
+def _bare(attempt: Attempt) -> Attempt:
+    """The attempt without its task: the server knows the task; don't resend it."""
+    if not isinstance(attempt, Attempt):
+        raise InvalidInput(f"attempt: expected an Attempt, got {type(attempt).__name__}")
+    return attempt.model_copy(update={"task": None}) if attempt.task is not None else attempt
+
+
+def _seg(rollout_id: str) -> str:
+    """The id as one URL path segment, with the in-process store's errors for odd ones."""
+    if not isinstance(rollout_id, str):
+        raise InvalidInput(f"rollout_id: expected a string, got {type(rollout_id).__name__}")
+    if not rollout_id:
+        raise NotFound(f"unknown rollout {rollout_id!r}")
+    return urllib.parse.quote(rollout_id, safe="")
+
+
+def _error_of(resp: httpx.Response) -> BoltrlError:
+    try:
+        err = resp.json()["error"]
+        return w.error_from(str(err["code"]), str(err["message"]))
+    except (ValueError, KeyError, TypeError):
+        text = resp.text[:300]
+        return BoltrlError(f"store answered HTTP {resp.status_code}: {text}")

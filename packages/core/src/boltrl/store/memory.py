@@ -1,0 +1,64 @@
+"""The in-memory store: the shared lifecycle over plain dicts. For tests and one-process
+runs where losing everything at exit is fine."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+from boltrl.records import AnyRecord, Resources, Rollout, RolloutStatus
+from boltrl.store._engine import StoreEngine
+
+
+class MemoryStore(StoreEngine):
+    """A ``Store`` held in process memory (``open_store("memory://")``).
+
+    Keeps every promise of ``Store`` except durability: nothing survives the process.
+    Records are stored as given (a shallow copy with ``seq`` set); do not mutate the
+    lists inside a record after recording it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._heads: dict[str, Rollout] = {}
+        """Every rollout ever enqueued, in enqueue order (dicts keep insertion order)."""
+        self._records: dict[str, dict[tuple[int, str], AnyRecord]] = {}
+        """Per rollout: (attempt, record id) → record, in seq order."""
+        self._seq = itertools.count(1)
+        self._counts: Counter[RolloutStatus] = Counter()
+
+    def _p_insert(self, rows: list[tuple[int, Rollout]]) -> None:
+        for _, head in rows:
+            self._heads[head.id] = head
+            self._records[head.id] = {}
+        self._counts[RolloutStatus.QUEUED] += len(rows)
+
+    def _p_update(self, head: Rollout) -> None:
+        old = self._heads[head.id]
+        if old.status is not head.status:
+            self._counts[old.status] -= 1
+            self._counts[head.status] += 1
+        self._heads[head.id] = head
+
+    def _p_head(self, rollout_id: str) -> Rollout | None:
+        return self._heads.get(rollout_id)
+
+    def _p_add_records(self, rollout_id: str, records: list[AnyRecord]) -> None:
+        stored = self._records[rollout_id]
+        for r in records:
+            key = (r.attempt, r.id)
+            if key not in stored:  # first write wins, its seq kept
+                stored[key] = r.model_copy(update={"seq": next(self._seq)})
+
+    def _p_records(self, rollout_id: str) -> list[AnyRecord]:
+        return list(self._records[rollout_id].values())
+
+    def _p_query(self, status: RolloutStatus | None, limit: int, offset: int) -> list[Rollout]:
+        heads = (h for h in self._heads.values() if status is None or h.status is status)
+        return list(itertools.islice(heads, offset, offset + limit))
+
+    def _p_count(self, status: RolloutStatus | None) -> int:
+        return len(self._heads) if status is None else self._counts[status]
+
+    def _p_save_resources(self, resources: Resources) -> None:
+        pass

@@ -1,0 +1,380 @@
+"""The store over HTTP: a FastAPI app around any ``Store``, and ways to run it.
+
+Routes live under ``/store`` (``_wire.PREFIX``) so a gateway or dashboard can be
+mounted on the same app. Every error is a 4xx/5xx with the JSON body
+``{"error": {"code", "message"}}``, whose ``code`` the client maps back to the same
+exception class an in-process store raises.
+
+Store calls block (locks, SQLite, long-polls), so they run in worker threads; long-polls
+(``claim``/``wait``, capped at ``MAX_POLL_S`` per request) get their own larger thread
+pool so waiting runners cannot starve quick calls. Mutating requests may carry an
+``Idempotency-Key`` header: the response is remembered, and a retry with the same key
+(the client's retry after a lost response) gets it again instead of acting twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import logging
+import socket
+import threading
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any, TypeVar
+
+import anyio
+import uvicorn
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from boltrl.errors import BoltrlError, InvalidInput, Unauthorized
+from boltrl.records import Resources
+from boltrl.store import _wire as w
+from boltrl.store._checks import check_number, validation_message
+from boltrl.store.base import Store
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_IDEMPOTENCY_CACHE = 4096
+_LOOPBACK_NAMES = ("localhost",)
+
+
+def _json(payload: BaseModel | bytes) -> Response:
+    body = payload if isinstance(payload, bytes) else payload.model_dump_json().encode()
+    return Response(content=body, media_type="application/json")
+
+
+def _error(e: BoltrlError) -> JSONResponse:
+    return JSONResponse(w.error_body(e), status_code=e.status_code)
+
+
+async def _parse(request: Request, model: type[T] | TypeAdapter[T]) -> T:
+    raw = await request.body()
+    try:
+        if isinstance(model, TypeAdapter):
+            return model.validate_json(raw)
+        assert issubclass(model, BaseModel)
+        return model.model_validate_json(raw)
+    except ValidationError as e:
+        raise InvalidInput(validation_message(e)) from None
+
+
+class _Once:
+    """Remembers responses by ``Idempotency-Key`` so a retried request acts only once."""
+
+    def __init__(self) -> None:
+        self._done: OrderedDict[str, tuple[int, bytes]] = OrderedDict()
+        self._inflight: dict[str, asyncio.Event] = {}
+
+    async def __call__(self, request: Request, fn: Callable[[], Awaitable[Response]]) -> Response:
+        key = request.headers.get("idempotency-key")
+        if key is None:
+            return await _guard(fn)
+        while key in self._inflight:  # the original is still running: wait for its answer
+            await self._inflight[key].wait()
+        if key in self._done:
+            status, body = self._done[key]
+            return Response(content=body, status_code=status, media_type="application/json")
+        event = self._inflight[key] = asyncio.Event()
+        try:
+            resp = await _guard(fn)
+            if resp.status_code < 500:
+                self._done[key] = (resp.status_code, bytes(resp.body))
+                while len(self._done) > _IDEMPOTENCY_CACHE:
+                    self._done.popitem(last=False)
+            return resp
+        finally:
+            del self._inflight[key]
+            event.set()
+
+
+async def _guard(fn: Callable[[], Awaitable[Response]]) -> Response:
+    try:
+        return await fn()
+    except BoltrlError as e:
+        return _error(e)
+
+
+def create_store_app(store: Store, token: str | None = None) -> FastAPI:
+    """A FastAPI app serving ``store`` under ``/store``; requires ``Bearer token`` if set.
+
+    The app does not own the store: closing it stays with the caller.
+    """
+    app = FastAPI(title="boltrl store", docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(app)
+    app.include_router(store_router(store, token))
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Make every error on ``app`` answer ``{"error": {"code", "message"}}``."""
+
+    async def boltrl_error(_: Request, e: Exception) -> Response:
+        assert isinstance(e, BoltrlError)
+        return _error(e)
+
+    async def bad_request(_: Request, e: Exception) -> Response:
+        assert isinstance(e, RequestValidationError)
+        err = e.errors()[0] if e.errors() else {"loc": (), "msg": str(e)}
+        path = ".".join(str(p) for p in err["loc"] if p != "body") or "body"
+        return _error(InvalidInput(f"{path}: {err['msg']}"))
+
+    async def http_error(_: Request, e: Exception) -> Response:
+        assert isinstance(e, StarletteHTTPException)
+        code = {401: "unauthorized", 404: "not_found"}.get(e.status_code, "http_error")
+        body = {"error": {"code": code, "message": str(e.detail)}}
+        return JSONResponse(body, status_code=e.status_code)
+
+    app.add_exception_handler(BoltrlError, boltrl_error)
+    app.add_exception_handler(RequestValidationError, bad_request)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+
+
+def store_router(store: Store, token: str | None = None) -> APIRouter:
+    """The store's routes, for mounting into an app of your own."""
+
+    async def auth(request: Request) -> None:
+        if token is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise Unauthorized("missing or wrong token (send 'Authorization: Bearer <token>')")
+
+    router = APIRouter(prefix=w.PREFIX, dependencies=[Depends(auth)])
+    once = _Once()
+    long_polls: list[anyio.CapacityLimiter] = []
+
+    async def run(fn: Callable[[], T]) -> T:
+        return await anyio.to_thread.run_sync(fn)
+
+    async def poll(fn: Callable[[], T]) -> T:
+        if not long_polls:  # a limiter must be made inside the event loop
+            long_polls.append(anyio.CapacityLimiter(512))
+        return await anyio.to_thread.run_sync(fn, limiter=long_polls[0], abandon_on_cancel=True)
+
+    def capped(wait_s: Any, name: str) -> float:
+        return min(check_number(name, wait_s), w.MAX_POLL_S)
+
+    @router.post("/rollouts")
+    async def enqueue(request: Request) -> Response:
+        async def go() -> Response:
+            req = await _parse(request, w.EnqueueRequest)
+            call = partial(store.enqueue, req.tasks, max_attempts=req.max_attempts,
+                           timeout_s=req.timeout_s)  # fmt: skip
+            return _json(w.Ids(ids=await run(call)))
+
+        return await once(request, go)
+
+    @router.post("/claim")
+    async def claim(request: Request) -> Response:
+        async def go() -> Response:
+            req = await _parse(request, w.ClaimRequest)
+            wait_s = capped(req.wait_s, "wait_s")
+            att = await poll(partial(store.claim, req.worker_id, lease_s=req.lease_s,
+                                     wait_s=wait_s))  # fmt: skip
+            return _json(w.OPTIONAL_ATTEMPT.dump_json(att))
+
+        return await once(request, go)
+
+    @router.post("/heartbeat")
+    async def heartbeat(request: Request) -> Response:
+        req = await _parse(request, w.HeartbeatRequest)
+        return _json(await run(partial(store.heartbeat, req.attempt, lease_s=req.lease_s)))
+
+    @router.post("/records")
+    async def record(request: Request) -> Response:
+        req = await _parse(request, w.RecordBatch)
+
+        def store_all() -> w.RecordResults:
+            results: list[w.ErrorBody | None] = []
+            for item in req.items:  # each item stands or falls alone, like its own call
+                try:
+                    store.record(item.attempt, item.records)
+                    results.append(None)
+                except BoltrlError as e:
+                    results.append(w.ErrorBody(code=e.code, message=str(e)))
+            return w.RecordResults(results=results)
+
+        return _json(await run(store_all))
+
+    @router.post("/finish")
+    async def finish(request: Request) -> Response:
+        async def go() -> Response:
+            req = await _parse(request, w.FinishRequest)
+            call = partial(store.finish, req.attempt, req.status, reward=req.reward,
+                           error=req.error, error_kind=req.error_kind,
+                           retryable=req.retryable)  # fmt: skip
+            return _json(await run(call))
+
+        return await once(request, go)
+
+    @router.post("/rollouts/{rollout_id}/cancel")
+    async def cancel(request: Request, rollout_id: str) -> Response:
+        async def go() -> Response:
+            return _json(await run(partial(store.cancel, rollout_id)))
+
+        return await once(request, go)
+
+    @router.get("/rollouts/{rollout_id}")
+    async def get(rollout_id: str) -> Response:
+        return _json(await run(partial(store.get, rollout_id)))
+
+    @router.get("/rollouts/{rollout_id}/current_attempt")
+    async def current_attempt(rollout_id: str) -> Response:
+        return _json(await run(partial(store.current_attempt, rollout_id)))
+
+    @router.get("/rollouts")
+    async def query(status: str | None = None, limit: int = 100, offset: int = 0) -> Response:
+        found = await run(partial(store.query, status=status, limit=limit, offset=offset))
+        return _json(w.ROLLOUTS.dump_json(found))
+
+    @router.get("/count")
+    async def count(status: str | None = None) -> Response:
+        return _json(w.Count(count=await run(partial(store.count, status=status))))
+
+    @router.post("/wait")
+    async def wait(request: Request) -> Response:
+        req = await _parse(request, w.WaitRequest)
+        timeout_s = capped(req.timeout_s, "timeout_s")
+        return _json(w.ROLLOUTS.dump_json(await poll(partial(store.wait, req.ids, timeout_s))))
+
+    @router.post("/resources")
+    async def publish(request: Request) -> Response:
+        async def go() -> Response:
+            res = await _parse(request, Resources)
+            return _json(await run(partial(store.publish_resources, res)))
+
+        return await once(request, go)
+
+    @router.get("/resources")
+    async def resources() -> Response:
+        return _json(await run(store.resources))
+
+    @router.get("/workers")
+    async def workers() -> Response:
+        workers = getattr(store, "workers", None)
+        found = [] if workers is None else await run(workers)
+        return _json(TypeAdapter(list[Any]).dump_json(found))
+
+    return router
+
+
+# -- running a server -----------------------------------------------------------------------
+
+
+def is_loopback(host: str) -> bool:
+    if host in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, token: str | None) -> None:
+    """Refuse to serve beyond loopback without a token (anyone could drive the store)."""
+    if token is None and not is_loopback(host):
+        raise InvalidInput(
+            f"host: refusing to serve on {host!r} without a token; pass --token (or "
+            "BOLTRL_TOKEN), or bind 127.0.0.1"
+        )
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (``port=0`` picks a free one: read it from ``getsockname``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class RunningServer:
+    """A uvicorn server running an ASGI app in a background thread (tests, embedding)."""
+
+    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._sock = bind(host, port)
+        self.url = url_of(self._sock)
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+            timeout_graceful_shutdown=2,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+        self._thread.start()
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError(f"server on {self.url} failed to start")
+            self._thread.join(0.01)
+
+    def stop(self) -> None:
+        """Stop serving and wait for the thread (idempotent)."""
+        self._server.should_exit = True
+        self._thread.join(10)
+        self._sock.close()
+
+    def __enter__(self) -> RunningServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve_in_thread(
+    store: Store, *, token: str | None = None, host: str = "127.0.0.1", port: int = 0
+) -> RunningServer:
+    """Serve ``store`` over HTTP from a background thread; ``.url`` says where."""
+    check_exposure(host, token)
+    return RunningServer(create_store_app(store, token), host=host, port=port)
+
+
+def serve(
+    store: Store,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 4747,
+    token: str | None = None,
+    on_ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serve ``store`` in the foreground until interrupted (what ``boltrl store serve`` runs).
+
+    ``on_ready`` is called with the URL once the socket is bound (``port=0`` picks one).
+    """
+    check_exposure(host, token)
+    sock = bind(host, port)
+    if on_ready is not None:
+        on_ready(url_of(sock))
+    config = uvicorn.Config(
+        create_store_app(store, token),
+        log_level="info",
+        access_log=False,
+        timeout_graceful_shutdown=3,
+    )
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
