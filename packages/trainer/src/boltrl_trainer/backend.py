@@ -1,0 +1,408 @@
+"""TransformersBackend: serves a Hugging Face causal LM in-process, with exact token truth.
+
+It implements ``boltrl.gateway.backend.Backend``. Requests are rendered with the model's
+chat template (see ``boltrl_trainer._chat`` for tools), tokenized once, and sampled by a
+custom loop (``boltrl_trainer._sampling``) that records the exact prompt ids fed to the
+model, the exact ids sampled and their logprobs. Nothing is ever re-tokenized.
+
+Threads: one worker thread owns generation, so the asyncio loop that awaits ``generate``
+stays free. Requests that arrive within ``batch_window_s`` of each other (up to
+``max_batch``) share one sampling loop; a request that arrives while a batch runs waits
+for the next one. Each reply is returned as soon as its own row stops.
+
+Weights: the trainer updates ``backend.model`` in place (or swaps it) between batches,
+inside ``with backend.paused():`` (blocks until the running batch ends and holds new ones
+off), and bumps ``policy_version`` with ``backend.update_weights()`` or
+``set_policy_version``. Every reply carries the version its whole batch ran under.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from boltrl.errors import BackendError, BackendUnavailable, InvalidInput
+from boltrl.gateway.backend import Generation, GenerationRequest
+from boltrl_trainer import _chat
+from boltrl_trainer.models import DEFAULT_MODEL, ensure_chat_template, is_default, load_model
+
+if TYPE_CHECKING:
+    import torch
+
+    from boltrl_trainer._sampling import Row
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TransformersBackend"]
+
+
+@dataclass(eq=False)
+class _Job:
+    request: GenerationRequest
+    future: concurrent.futures.Future[Generation]
+    template_hash: str | None = None
+    parse_tools: bool = False
+
+
+_STOP = object()
+
+
+class TransformersBackend:
+    """An in-process Hugging Face model behind the gateway (CPU or one GPU).
+
+    Args:
+        model: a model name or path (see ``boltrl_trainer.models.resolve_model``; default
+            ``"smollm2"``), or a loaded ``PreTrainedModel`` (then ``tokenizer`` is required).
+        tokenizer: the tokenizer, when ``model`` is an object; a tokenizer without a chat
+            template gets SmolLM2's.
+        device: where to load a model given by name (``"cpu"``, ``"cuda"``, …).
+        dtype: dtype to load a model given by name (default float32 on CPU, bf16 on CUDA).
+        max_batch: most requests sampled together.
+        batch_window_s: how long the first request of a batch waits for company.
+        max_tokens: reply length cap when a request sets none (and the upper bound of any).
+        model_name: the name served under ``/v1/models`` (default: the model's name).
+        seed: seeds the shared sampling generator (requests with their own ``seed`` use
+            a private generator, so they repeat exactly when run alone).
+
+    Promises: ``generate`` may be awaited concurrently from any number of tasks and never
+    blocks the event loop; ``generate_sync`` may be called from any thread. Both raise
+    ``InvalidInput`` for a request that cannot be rendered or is too long for the context,
+    ``BackendError`` when the model fails, ``BackendUnavailable`` once closed.
+    """
+
+    def __init__(
+        self,
+        model: Any = "smollm2",
+        tokenizer: Any = None,
+        *,
+        device: str = "cpu",
+        dtype: Any = None,
+        max_batch: int = 8,
+        batch_window_s: float = 0.01,
+        max_tokens: int = 1024,
+        model_name: str | None = None,
+        seed: int | None = None,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch: must be at least 1")
+        if batch_window_s < 0:
+            raise ValueError("batch_window_s: must be >= 0")
+        if max_tokens < 1:
+            raise ValueError("max_tokens: must be at least 1")
+        if isinstance(model, str | os.PathLike):
+            name = DEFAULT_MODEL if is_default(model) else str(model)
+            loaded, loaded_tok = load_model(model, device=device, dtype=dtype)
+            model, tokenizer = loaded, tokenizer or loaded_tok
+        else:
+            if tokenizer is None:
+                raise ValueError("tokenizer: required when model is a loaded model object")
+            name = str(getattr(getattr(model, "config", None), "name_or_path", "") or "model")
+        ensure_chat_template(tokenizer)
+        self._model = model
+        self.tokenizer = tokenizer
+        """The tokenizer; treat as read-only (it is used from the worker thread)."""
+        self._name = model_name or name
+        self.max_batch = max_batch
+        self.batch_window_s = batch_window_s
+        self.max_tokens = max_tokens
+        self._seed = seed
+        self._version = 0
+        self._lock = threading.RLock()  # held by the worker for a whole batch
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._start_lock = threading.Lock()
+        self._generator: torch.Generator | None = None
+        self._stats = {"batches": 0, "requests": 0, "prompt_tokens": 0, "completion_tokens": 0}
+
+    # ------------------------------------------------------------------ Backend protocol
+
+    @property
+    def model_name(self) -> str:
+        return self._name
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the weights now served; bumped by the trainer after each update."""
+        return self._version
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        """Produce one assistant turn. Does not block the event loop; cancel-safe."""
+        return await asyncio.wrap_future(self.submit(request))
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.close)
+
+    # ------------------------------------------------------------------ sync API
+
+    def submit(self, request: GenerationRequest) -> concurrent.futures.Future[Generation]:
+        """Queue a request; the future resolves when its reply is complete. Thread-safe."""
+        if self._closed:
+            raise BackendUnavailable("the backend is closed")
+        self._ensure_worker()
+        job = _Job(request, concurrent.futures.Future())
+        self._queue.put(job)
+        return job.future
+
+    def generate_sync(self, request: GenerationRequest, timeout: float | None = None) -> Generation:
+        """Blocking ``generate`` for threads without an event loop (trainers, benchmarks)."""
+        return self.submit(request).result(timeout)
+
+    def close(self) -> None:
+        """Stop the worker after the running batch; queued requests fail. Idempotent."""
+        with self._start_lock:
+            self._closed = True
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(_STOP)
+            thread.join()
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(job, _Job) and job.future.set_running_or_notify_cancel():
+                job.future.set_exception(BackendUnavailable("the backend was closed"))
+
+    # ------------------------------------------------------------------ weights
+
+    @property
+    def model(self) -> Any:
+        """The served model. The trainer may modify it in place inside ``paused()``."""
+        return self._model
+
+    @model.setter
+    def model(self, model: Any) -> None:
+        with self._lock:
+            self._model = model
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold generation off: blocks until the running batch ends; no batch starts inside.
+
+        Re-entrant on the same thread. Requests keep queueing and run when the block exits.
+        """
+        with self._lock:
+            yield
+
+    @contextlib.contextmanager
+    def update_weights(self) -> Iterator[int]:
+        """``paused()``, then bump ``policy_version`` if the block exits without error.
+
+        Yields the version the new weights will be served as.
+        """
+        with self._lock:
+            yield self._version + 1
+            self._version += 1
+
+    def stats(self) -> dict[str, int]:
+        """Counters since start: batches run, requests served, prompt and completion tokens."""
+        return dict(self._stats)
+
+    def set_policy_version(self, version: int) -> None:
+        """Set the served version (e.g. when resuming from a checkpoint). Waits for the batch."""
+        with self._lock:
+            self._version = int(version)
+
+    # ------------------------------------------------------------------ worker
+
+    def _ensure_worker(self) -> None:
+        with self._start_lock:
+            if self._closed:
+                raise BackendUnavailable("the backend is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="boltrl-transformers-backend", daemon=True
+                )
+                self._thread.start()
+
+    def _collect(self, first: _Job) -> tuple[list[_Job], bool]:
+        """The batch that ``first`` opens: whatever waits already, then arrivals in the window."""
+        jobs, stop = [first], False
+        deadline = time.monotonic() + self.batch_window_s
+        while len(jobs) < self.max_batch:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    break
+                try:
+                    item = self._queue.get(timeout=wait)
+                except queue.Empty:
+                    break
+            if item is _STOP:
+                stop = True
+                break
+            jobs.append(item)
+        return jobs, stop
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            jobs, stop = self._collect(item)
+            jobs = [j for j in jobs if j.future.set_running_or_notify_cancel()]
+            if jobs:
+                try:
+                    self._run_batch(jobs)
+                except Exception as e:  # never let the worker die
+                    log.exception("generation failed")
+                    for job in jobs:
+                        if not job.future.done():
+                            job.future.set_exception(BackendError(f"generation failed: {e}"))
+            if stop:
+                return
+
+    def _prepare(self, job: _Job, context: int) -> Row | None:
+        """Render and tokenize one request into a Row; fail its future on bad input.
+
+        Also notes on ``job`` the template hash and whether to parse tool calls."""
+        import torch
+
+        from boltrl_trainer._sampling import Row
+
+        req = job.request
+        try:
+            text, template_hash = _chat.render(
+                self.tokenizer, req.messages, req.tools, req.tool_choice
+            )
+            ids: list[int] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            room = context - len(ids)
+            if room < 1:
+                raise InvalidInput(
+                    f"messages: the prompt is {len(ids)} tokens; the context holds {context}"
+                )
+            if req.max_tokens is not None and req.max_tokens < 1:
+                raise InvalidInput("max_tokens: must be at least 1")
+            if req.temperature is not None and req.temperature < 0:
+                raise InvalidInput("temperature: must be >= 0")
+            if req.top_p is not None and not 0 < req.top_p <= 1:
+                raise InvalidInput("top_p: must be in (0, 1]")
+        except InvalidInput as e:
+            job.future.set_exception(e)
+            return None
+        except Exception as e:
+            job.future.set_exception(InvalidInput(f"messages: cannot render the chat: {e}"))
+            return None
+        generator = None
+        if req.seed is not None:
+            generator = torch.Generator(device=self._device()).manual_seed(req.seed)
+        row = Row(
+            prompt_ids=ids,
+            max_new_tokens=min(req.max_tokens or self.max_tokens, self.max_tokens, room),
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            stop=[s for s in req.stop if s],
+            generator=generator,
+        )
+        job.template_hash = template_hash
+        job.parse_tools = bool(req.tools) and req.tool_choice != "none"
+        return row
+
+    def _device(self) -> Any:
+        return next(self._model.parameters()).device
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        gen_cfg = getattr(self._model, "generation_config", None)
+        for value in (getattr(gen_cfg, "eos_token_id", None), self.tokenizer.eos_token_id):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, list | tuple):
+                ids.update(int(v) for v in value)
+        return frozenset(ids)
+
+    def _run_batch(self, jobs: list[_Job]) -> None:
+        import torch
+
+        from boltrl_trainer._sampling import generate_rows
+
+        with self._lock:
+            model, version = self._model, self._version
+            context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+            owners: dict[int, _Job] = {}
+            rows = []
+            for job in jobs:
+                row = self._prepare(job, context)
+                if row is not None:
+                    owners[id(row)] = job
+                    rows.append(row)
+            if not rows:
+                return
+            if self._generator is None:
+                self._generator = torch.Generator(device=self._device())
+                if self._seed is None:
+                    self._generator.seed()
+                else:
+                    self._generator.manual_seed(self._seed)
+            eos_ids = self._eos_ids()
+            pad_id = self.tokenizer.pad_token_id
+            if pad_id is None:
+                pad_id = min(eos_ids) if eos_ids else 0
+
+            self._stats["batches"] += 1
+            self._stats["requests"] += len(rows)
+            self._stats["prompt_tokens"] += sum(len(r.prompt_ids) for r in rows)
+
+            def finish(row: Row) -> None:
+                self._stats["completion_tokens"] += len(row.ids)
+                job = owners[id(row)]
+                job.future.set_result(self._reply(job, row, version, eos_ids))
+
+            was_training = model.training
+            model.eval()
+            try:
+                generate_rows(
+                    model,
+                    rows,
+                    pad_id=pad_id,
+                    eos_ids=eos_ids,
+                    decode=self._decode,
+                    on_finish=finish,
+                    generator=self._generator,
+                )
+            finally:
+                model.train(was_training)
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def _reply(self, job: _Job, row: Row, version: int, eos_ids: frozenset[int]) -> Generation:
+        ids = row.ids[:-1] if row.ids and row.ids[-1] in eos_ids else row.ids
+        text = self._decode(ids)
+        if row.text_end is not None:
+            text = text[: row.text_end]
+        content: str | None = text
+        tool_calls: list[dict[str, Any]] = []
+        finish = row.finish_reason or "length"
+        if job.parse_tools:
+            content, tool_calls = _chat.parse_tool_calls(text)
+            if tool_calls and finish == "stop":
+                finish = "tool_calls"
+        return Generation(
+            text=content,
+            tool_calls=tool_calls,
+            finish_reason=finish,
+            prompt_token_ids=list(row.prompt_ids),
+            response_token_ids=list(row.ids),
+            response_logprobs=list(row.logprobs),
+            policy_version=version,
+            template_hash=job.template_hash,
+            model=self._name,
+            usage={
+                "prompt_tokens": len(row.prompt_ids),
+                "completion_tokens": len(row.ids),
+                "total_tokens": len(row.prompt_ids) + len(row.ids),
+            },
+        )

@@ -1,0 +1,24 @@
+"""Shared fixtures for trainer tests: the tiny random model with the SmolLM2 tokenizer."""
+
+from __future__ import annotations
+
+import os
+
+# Never reach for the hub (this machine class cannot); must be set before transformers loads.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path() -> Path:
+    """A tiny random Llama (2 layers, hidden 64) with SmolLM2's tokenizer and template.
+
+    Built once and cached by content under ``$BOLTRL_CACHE`` (or ``~/.cache/boltrl``).
+    """
+    from boltrl_trainer.models import tiny_model
+
+    return tiny_model()
