@@ -458,3 +458,10 @@ def test_config_overrides_and_list_agents() -> None:
         transitions(r, cfg, gamma=2.0)
     with pytest.raises(InvalidInput, match="credit: expected"):
         transitions(r, 3)  # type: ignore[arg-type]
+
+
+def test_config_from_dict() -> None:
+    cfg = CreditConfig.from_dict({"mode": "discounted", "gamma": 1, "agents": ["a"]})
+    assert cfg == CreditConfig("discounted", 1, ("a",))
+    with pytest.raises(InvalidInput, match=r"credit\.gama: unknown setting; known: mode, gamma"):
+        CreditConfig.from_dict({"gama": 0.9})

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -85,6 +85,15 @@ class CreditConfig:
     one transition with the observation tokens masked out."""
     attempt: int | None = None
     """Attempt whose records are used (None: the rollout's final attempt)."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CreditConfig:
+        """A config from plain settings (a YAML mapping); unknown keys are refused."""
+        known = [f.name for f in dataclasses.fields(cls)]
+        for key in data:
+            if key not in known:
+                raise InvalidInput(f"credit.{key}: unknown setting; known: {', '.join(known)}")
+        return cls(**data)
 
     def __post_init__(self) -> None:
         if self.mode not in _MODES:
