@@ -18,7 +18,15 @@ import random
 import time
 
 from boltrl.credit import CreditConfig, transitions_batch
-from boltrl.records import Attempt, LLMCall, RewardEvent, Rollout, RolloutStatus, Task
+from boltrl.records import (
+    Attempt,
+    LLMCall,
+    RewardEvent,
+    Rollout,
+    RolloutStatus,
+    Task,
+    Transition,
+)
 
 
 def make_rollout(i: int, calls: int, prompt: int, response: int, obs: int) -> Rollout:
@@ -70,9 +78,9 @@ def make_rollout(i: int, calls: int, prompt: int, response: int, obs: int) -> Ro
 def bench(rollouts: list[Rollout], cfg: CreditConfig, repeat: int) -> tuple[float, int, int]:
     """Best wall time over ``repeat`` runs, the transition count and the action tokens."""
     best = float("inf")
-    out = []
+    out: list[Transition] = []
     for _ in range(repeat):
-        out = []
+        out = []  # drop the previous run's transitions before collecting
         gc.collect()  # start each run from the same heap state; GC stays on while timing
         t0 = time.perf_counter()
         out = transitions_batch(rollouts, cfg)

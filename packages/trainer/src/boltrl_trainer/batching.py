@@ -1,0 +1,82 @@
+"""Feeding transitions to the policy loss: rollout indexing, micro-batches by token
+budget, and per-token log-probs / entropy from logits.
+
+Torch is imported inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from boltrl.errors import InvalidInput
+from boltrl.records import Transition
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["entropy_from_logits", "index_rollouts", "pack_microbatches", "token_logprobs"]
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Log-probability of each target id: ``[..., V]`` logits, ``[...]`` ids -> ``[...]``.
+
+    Computed as ``logit - logsumexp`` in float32, without materializing a log-softmax.
+    """
+    import torch
+
+    logits = logits.float()
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the softmax over the last dim: ``[..., V]`` -> ``[...]`` (float32)."""
+    import torch
+
+    logits = logits.float()
+    logp = torch.log_softmax(logits, dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
+def index_rollouts(
+    transitions: Sequence[Transition],
+) -> tuple[list[int], list[int]]:
+    """Rollout index of each transition (0..R-1, first-seen order) and, per rollout, its
+    number of trained tokens (``sum(action_mask)``): the ``rollout_index`` and
+    ``rollout_tokens`` that ``policy_loss`` takes, computed once per batch."""
+    index_of: dict[str, int] = {}
+    rows: list[int] = []
+    tokens: list[int] = []
+    for t in transitions:
+        i = index_of.setdefault(t.rollout_id, len(index_of))
+        if i == len(tokens):
+            tokens.append(0)
+        rows.append(i)
+        tokens[i] += sum(t.action_mask)
+    return rows, tokens
+
+
+def pack_microbatches(
+    items: Sequence[Transition] | Sequence[int], max_tokens: int
+) -> list[list[int]]:
+    """Indices of ``items`` packed into micro-batches of at most ``max_tokens`` padded tokens.
+
+    ``items`` are transitions (length = state + action) or sequence lengths. A
+    micro-batch costs ``rows * longest row`` (rows are padded to the longest); sequences
+    are taken longest first, so rows of similar length share a micro-batch. A sequence
+    longer than ``max_tokens`` gets a micro-batch of its own. Every index appears once.
+    """
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise InvalidInput(f"max_tokens: must be a positive integer (got {max_tokens!r})")
+    lengths = [x if isinstance(x, int) else len(x.state) + len(x.action) for x in items]
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    longest = 0
+    for i in order:
+        if batches and (len(batches[-1]) + 1) * longest <= max_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+            longest = lengths[i]
+    return batches
