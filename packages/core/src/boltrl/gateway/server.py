@@ -80,7 +80,9 @@ class Gateway:
         if self._server is not None:
             return self
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # proto must say TCP: asyncio sets TCP_NODELAY on accepted connections only then,
+        # and without it every response waits ~40 ms on delayed ACKs.
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((self.host, self.port))
