@@ -456,6 +456,8 @@ def test_config_overrides_and_list_agents() -> None:
     r = rollout(three_calls(), reward=1.0)
     with pytest.raises(InvalidInput, match=r"credit\.gamma"):
         transitions(r, cfg, gamma=2.0)
+    with pytest.raises(InvalidInput, match=r"credit\.gama: unknown setting"):
+        transitions(r, "discounted", gama=0.9)
     with pytest.raises(InvalidInput, match="credit: expected"):
         transitions(r, 3)  # type: ignore[arg-type]
 

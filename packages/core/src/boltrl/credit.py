@@ -89,10 +89,7 @@ class CreditConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CreditConfig:
         """A config from plain settings (a YAML mapping); unknown keys are refused."""
-        known = [f.name for f in dataclasses.fields(cls)]
-        for key in data:
-            if key not in known:
-                raise InvalidInput(f"credit.{key}: unknown setting; known: {', '.join(known)}")
+        _check_keys(data)
         return cls(**data)
 
     def __post_init__(self) -> None:
@@ -127,7 +124,15 @@ class CreditConfig:
             )
 
 
+def _check_keys(data: Mapping[str, Any]) -> None:
+    known = [f.name for f in dataclasses.fields(CreditConfig)]
+    for key in data:
+        if key not in known:
+            raise InvalidInput(f"credit.{key}: unknown setting; known: {', '.join(known)}")
+
+
 def _config(credit: CreditConfig | str, overrides: dict[str, Any]) -> CreditConfig:
+    _check_keys(overrides)
     if isinstance(credit, CreditConfig):
         return dataclasses.replace(credit, **overrides) if overrides else credit
     if isinstance(credit, str):
