@@ -58,4 +58,8 @@ def test_token_logprobs_and_entropy() -> None:
     targets = torch.randint(0, 11, (2, 3), generator=torch.Generator().manual_seed(2))
     expected = torch.log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)
     assert_close(token_logprobs(logits, targets), expected)
+    hot = torch.log_softmax(logits / 0.7, -1).gather(-1, targets[..., None]).squeeze(-1)
+    assert_close(token_logprobs(logits, targets, temperature=0.7), hot)
+    with pytest.raises(InvalidInput, match="temperature"):
+        token_logprobs(logits, targets, temperature=0.0)
     assert_close(entropy_from_logits(torch.zeros(2, 5)), torch.full((2,), math.log(5)))

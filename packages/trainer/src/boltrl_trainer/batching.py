@@ -18,14 +18,23 @@ if TYPE_CHECKING:
 __all__ = ["entropy_from_logits", "index_rollouts", "pack_microbatches", "token_logprobs"]
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
     """Log-probability of each target id: ``[..., V]`` logits, ``[...]`` ids -> ``[...]``.
 
+    ``temperature`` must be the sampling temperature: the gateway records logprobs of the
+    tempered distribution, and the ratio compares like with like only when the trainer
+    divides by the same value (a forgotten temperature shows as ``logprob_mismatch``).
     Computed as ``logit - logsumexp`` in float32, without materializing a log-softmax.
     """
     import torch
 
     logits = logits.float()
+    if temperature != 1.0:
+        if not temperature > 0:
+            raise InvalidInput(f"temperature: must be > 0 (got {temperature!r})")
+        logits = logits / temperature
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
 
