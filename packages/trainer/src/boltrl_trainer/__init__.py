@@ -1,5 +1,36 @@
-"""boltrl_trainer (placeholder until its issue lands)."""
+"""boltrl_trainer: the in-process model backend, RL algorithms and the training loop.
+
+Names are imported lazily, so ``import boltrl_trainer`` stays light (no torch until used).
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from boltrl_trainer.backend import TransformersBackend
+    from boltrl_trainer.models import DEFAULT_MODEL, load_model, resolve_model, tiny_model
+
+_EXPORTS = {
+    "DEFAULT_MODEL": "boltrl_trainer.models",
+    "TransformersBackend": "boltrl_trainer.backend",
+    "load_model": "boltrl_trainer.models",
+    "resolve_model": "boltrl_trainer.models",
+    "tiny_model": "boltrl_trainer.models",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'boltrl_trainer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
