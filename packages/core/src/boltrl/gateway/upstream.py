@@ -11,8 +11,10 @@ once more without it, and never again.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+import weakref
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -67,13 +69,26 @@ class UpstreamBackend:
         self.model = model
         self.policy_version = policy_version
         self._ask_ids = request_token_ids
-        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=10.0),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64),
-        )
+        self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = httpx.Timeout(timeout_s, connect=10.0)
+        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=64)
+        # Connections belong to the event loop that opened them; the backend may outlive
+        # one gateway's loop and serve another's, so each loop gets its own pool.
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]
+        self._clients = weakref.WeakKeyDictionary()
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = httpx.AsyncClient(
+                base_url=self.base_url,
+                headers=self._headers,
+                timeout=self._timeout,
+                limits=self._limits,
+            )
+            self._clients[loop] = client
+        return client
 
     @property
     def model_name(self) -> str:
@@ -97,7 +112,7 @@ class UpstreamBackend:
 
     async def _post(self, body: JSON) -> httpx.Response:
         try:
-            return await self._client.post("/chat/completions", json=body)
+            return await self._client().post("/chat/completions", json=body)
         except (httpx.TimeoutException, httpx.NetworkError) as e:
             raise BackendUnavailable(f"upstream {self.base_url} unreachable: {e!r}") from e
         except httpx.HTTPError as e:
@@ -161,8 +176,16 @@ class UpstreamBackend:
         )
 
     async def aclose(self) -> None:
-        """Close the HTTP connection pool. Idempotent."""
-        await self._client.aclose()
+        """Close the connection pools. Idempotent; callable from any event loop (pools
+        of loops that already stopped went with them)."""
+        clients = list(self._clients.items())
+        self._clients = weakref.WeakKeyDictionary()
+        current = asyncio.get_running_loop()
+        for loop, client in clients:
+            if loop is current:
+                await client.aclose()
+            elif loop.is_running():
+                asyncio.run_coroutine_threadsafe(client.aclose(), loop)
 
 
 def _tool_call(tc: JSON, index: int) -> JSON:

@@ -1,0 +1,91 @@
+"""``boltrl gateway serve``: the gateway standalone, in front of vLLM / SGLang / any
+OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+from typing import Any
+
+from boltrl.cli import Commands
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="gateway_command", metavar="ACTION", required=True)
+    s = sub.add_parser("serve", help="serve an OpenAI-compatible upstream through the gateway")
+    s.add_argument(
+        "--upstream",
+        required=True,
+        help="the upstream's OpenAI base URL, e.g. http://127.0.0.1:8000/v1",
+    )
+    s.add_argument("--model", required=True, help="model name sent upstream and served")
+    s.add_argument(
+        "--api-key",
+        default=os.environ.get("BOLTRL_UPSTREAM_API_KEY"),
+        help="upstream API key (default: $BOLTRL_UPSTREAM_API_KEY)",
+    )
+    s.add_argument(
+        "--store",
+        default=None,
+        help="store URL to record rollout calls in (memory://, sqlite:///PATH, "
+        "http://HOST:PORT); without it calls are served, not recorded",
+    )
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    s.add_argument(
+        "--token",
+        default=os.environ.get("BOLTRL_GATEWAY_TOKEN"),
+        help="API key clients must send; required off loopback (default: $BOLTRL_GATEWAY_TOKEN)",
+    )
+    s.add_argument(
+        "--policy-version",
+        type=int,
+        default=0,
+        help="policy version recorded with each call (default 0)",
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from boltrl.gateway import Gateway
+    from boltrl.gateway.upstream import UpstreamBackend
+
+    store: Any = None
+    if args.store:
+        from boltrl.store import open_store
+
+        store = open_store(args.store)
+    backend = UpstreamBackend(
+        args.upstream, args.model, args.api_key, policy_version=args.policy_version
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        gateway = Gateway(backend, store, host=args.host, port=args.port, token=args.token)
+    except ValueError as e:
+        print(f"boltrl gateway: {e}", flush=True)
+        return 2
+    with gateway:
+        print(
+            f"boltrl gateway serving {args.model} from {backend.base_url} on {gateway.url}"
+            f" (rollout calls: {gateway.url}/rollouts/ROLLOUT_ID/v1)",
+            flush=True,
+        )
+        stop.wait()
+    if store is not None:
+        store.close()
+    print("boltrl gateway stopped", flush=True)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.gateway_command == "serve":
+        return _serve(args)
+    return 2  # pragma: no cover - argparse enforces the choice
+
+
+def register(commands: Commands) -> None:
+    """Add ``boltrl gateway`` to the command table."""
+    commands.add("gateway", "run the OpenAI-compatible gateway", _add_arguments, _run)
