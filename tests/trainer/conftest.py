@@ -8,7 +8,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,3 +24,14 @@ def tiny_model_path() -> Path:
     from boltrl_trainer.models import tiny_model
 
     return tiny_model()
+
+
+@pytest.fixture
+def forced(tiny_model_path: Path) -> Iterator[Any]:
+    """``forced(script_ids)`` -> a TransformersBackend whose model replies with ``script_ids``
+    (one request at a time; see ``backend_util.ForcedReplies``)."""
+    from backend_util import ForcedReplies
+
+    replies = ForcedReplies(tiny_model_path)
+    yield replies
+    replies.close()

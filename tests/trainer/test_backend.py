@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from backend_util import Forced, assert_generation_truth, chat
 
 from boltrl.errors import BackendUnavailable, InvalidInput
 from boltrl.gateway.backend import Backend, Generation, GenerationRequest
@@ -27,76 +28,6 @@ def backend(tiny_model_path: Path) -> Iterator[TransformersBackend]:
     b.close()
 
 
-@pytest.fixture
-def forced(tiny_model_path: Path) -> Iterator[Callable[[list[int]], TransformersBackend]]:
-    """A backend whose private model is pushed (+100 logits) to reply with a given id script.
-
-    Generation calls the model once per reply token (one row); a full forward pass over
-    prompt + script (the recomputation of ``assert_token_truth``) gets the same push.
-    """
-    backends: list[TransformersBackend] = []
-
-    def make(script: list[int]) -> TransformersBackend:
-        model, tokenizer = load_model(tiny_model_path)
-        calls = {"n": 0}
-
-        def push(_module: Any, _inputs: Any, logits: torch.Tensor) -> torch.Tensor:
-            logits = logits.clone()  # [b, t, V]
-            if logits.shape[1] == 1:  # generation: the n-th call predicts the n-th token
-                logits[..., script[min(calls["n"], len(script) - 1)]] += 100.0
-                calls["n"] += 1
-            else:  # full pass: position t - 1 - len(script) + k predicts script[k]
-                first = logits.shape[1] - 1 - len(script)
-                for k, token in enumerate(script):
-                    logits[:, first + k, token] += 100.0
-            return logits
-
-        model.lm_head.register_forward_hook(push)
-        b = TransformersBackend(model, tokenizer, max_tokens=len(script) + 8)
-        b.reset_script = lambda: calls.update(n=0)  # type: ignore[attr-defined]
-        backends.append(b)
-        return b
-
-    yield make
-    for b in backends:
-        b.close()
-
-
-def chat(text: str, **kw: Any) -> GenerationRequest:
-    return GenerationRequest(messages=[{"role": "user", "content": text}], **kw)
-
-
-def recomputed_logprobs(model: Any, gen: Generation, temperature: float) -> torch.Tensor:
-    """log_softmax of (temperature-scaled) logits at the sampled ids, by one full forward pass."""
-    assert gen.prompt_token_ids is not None and gen.response_token_ids is not None
-    ids = torch.tensor([gen.prompt_token_ids + gen.response_token_ids])  # [1, P + R]
-    with torch.no_grad():
-        logits = model(ids).logits[0].float()  # [P + R, V]
-    p = len(gen.prompt_token_ids)
-    scaled = logits[p - 1 : -1] / (temperature if temperature > 0 else 1.0)  # [R, V]
-    picked = torch.tensor(gen.response_token_ids)[:, None]  # [R, 1]
-    return torch.log_softmax(scaled, dim=-1).gather(1, picked)[:, 0]
-
-
-def assert_token_truth(b: TransformersBackend, req: GenerationRequest, gen: Generation) -> None:
-    rendered = b.tokenizer.apply_chat_template(
-        req.messages, tokenize=False, add_generation_prompt=True
-    )
-    assert gen.prompt_token_ids is not None and gen.response_token_ids is not None
-    assert b.tokenizer.decode(gen.prompt_token_ids) == rendered
-    assert gen.prompt_token_ids == b.tokenizer(rendered, add_special_tokens=False)["input_ids"]
-    assert gen.response_logprobs is not None
-    assert len(gen.response_logprobs) == len(gen.response_token_ids) > 0
-    expected = recomputed_logprobs(b.model, gen, req.temperature or 0.0)
-    got = torch.tensor(gen.response_logprobs)
-    assert torch.allclose(got, expected, atol=1e-4, rtol=0), (got - expected).abs().max()
-    assert gen.usage == {
-        "prompt_tokens": len(gen.prompt_token_ids),
-        "completion_tokens": len(gen.response_token_ids),
-        "total_tokens": len(gen.prompt_token_ids) + len(gen.response_token_ids),
-    }
-
-
 def test_is_a_backend(backend: TransformersBackend) -> None:
     assert isinstance(backend, Backend)
     assert backend.tokenizer.chat_template == SMOLLM2_CHAT_TEMPLATE
@@ -106,7 +37,7 @@ def test_is_a_backend(backend: TransformersBackend) -> None:
 def test_greedy_reply_matches_hf_generate(backend: TransformersBackend) -> None:
     req = chat("What is 2 + 3?", temperature=0, max_tokens=12)
     gen = backend.generate_sync(req)
-    assert_token_truth(backend, req, gen)
+    assert_generation_truth(backend, req, gen)
     assert gen.response_token_ids is not None and gen.prompt_token_ids is not None
     with torch.no_grad():
         out = backend.model.generate(
@@ -140,7 +71,7 @@ def test_batched_requests_keep_token_truth(backend: TransformersBackend) -> None
     assert after["requests"] - before["requests"] == len(reqs)
     assert after["batches"] - before["batches"] < len(reqs)  # really batched
     for req, gen in zip(reqs, gens, strict=True):
-        assert_token_truth(backend, req, gen)
+        assert_generation_truth(backend, req, gen)
     # greedy rows give the same ids batched as alone
     for i in (0, 4):
         alone = backend.generate_sync(reqs[i])
@@ -187,9 +118,7 @@ def test_stop_string_cuts_the_text_not_the_ids(backend: TransformersBackend) -> 
     assert gen.text == text(k)[:-1]  # the text ends before the stop string
 
 
-def test_eos_is_recorded_and_ends_the_reply(
-    backend: TransformersBackend, forced: Callable[[list[int]], Any]
-) -> None:
+def test_eos_is_recorded_and_ends_the_reply(backend: TransformersBackend, forced: Forced) -> None:
     tok = backend.tokenizer
     script = [*tok.encode("Hello world", add_special_tokens=False), tok.eos_token_id]
     b = forced(script)
@@ -197,12 +126,10 @@ def test_eos_is_recorded_and_ends_the_reply(
     gen = b.generate_sync(req)
     assert gen.response_token_ids == script
     assert (gen.text, gen.finish_reason, gen.tool_calls) == ("Hello world", "stop", [])
-    assert_token_truth(b, req, gen)
+    assert_generation_truth(b, req, gen)
 
 
-def test_tool_call_is_parsed(
-    backend: TransformersBackend, forced: Callable[[list[int]], Any]
-) -> None:
+def test_tool_call_is_parsed(backend: TransformersBackend, forced: Forced) -> None:
     tok = backend.tokenizer
     reply = 'Let me add.<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
     script = [*tok.encode(reply, add_special_tokens=False), tok.eos_token_id]
@@ -222,7 +149,6 @@ def test_tool_call_is_parsed(
     prompt = tok.decode(gen.prompt_token_ids)
     assert "<tools>\n" + json.dumps(tools[0]) + "\n</tools>" in prompt
     # with tool_choice="none" the reply stays text
-    b.reset_script()
     plain = b.generate_sync(chat("1+2?", tools=tools, tool_choice="none", temperature=0))
     assert (plain.text, plain.tool_calls, plain.finish_reason) == (reply, [], "stop")
     assert "<tools>" not in tok.decode(plain.prompt_token_ids)
