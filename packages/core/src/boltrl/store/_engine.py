@@ -157,12 +157,13 @@ class StoreEngine(abc.ABC):
             raise NotFound(f"rollout {head.id!r} has no attempt {attempt.number}")
         stored = head.attempts[attempt.number - 1]
         if stored.outcome is not AttemptOutcome.RUNNING:
+            cause = stored.outcome.value
+            if stored.error_kind not in (None, cause):
+                cause += f": {stored.error_kind}"
+            later = f"; attempt {n} took over" if attempt.number < n else ""
             raise StaleAttempt(
-                f"cannot {action}: attempt {attempt.number} of rollout {head.id!r} already "
-                f"ended ({stored.outcome.value}"
-                + (f": {stored.error_kind}" if stored.error_kind else "")
-                + ")"
-                + (f"; attempt {n} took over" if attempt.number < n else "")
+                f"cannot {action}: attempt {attempt.number} of rollout {head.id!r} "
+                f"already ended ({cause}){later}"
             )
         return head
 

@@ -231,9 +231,11 @@ class HttpStore:
             chunk = min(max(0.0, deadline - time.monotonic()), w.MAX_POLL_S)
             req = w.WaitRequest(ids=list(rollout_ids), timeout_s=chunk)
             body = self._request(
-                "POST", "/wait", body=req.model_dump_json().encode(),
+                "POST",
+                "/wait",
+                body=req.model_dump_json().encode(),
                 timeout_s=chunk + self._timeout_s,
-            )  # fmt: skip
+            )
             found = w.ROLLOUTS.validate_json(body)
             if all(r.status.terminal for r in found) or time.monotonic() >= deadline:
                 return found
