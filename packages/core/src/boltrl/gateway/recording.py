@@ -8,10 +8,12 @@ event loop.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
-
-import anyio.to_thread
 
 from boltrl.errors import BoltrlError, Conflict, NotFound, StoreUnavailable
 from boltrl.gateway._output import ParsedCall, assistant_message, usage_of
@@ -49,22 +51,33 @@ def _store_error(e: Exception, rollout_id: str) -> BoltrlError:
 
 
 class Recorder:
-    """Files calls of rollout routes under the rollout's current attempt."""
+    """Files calls of rollout routes under the rollout's current attempt.
 
-    def __init__(self, store: Store) -> None:
+    Store calls run on a small private thread pool (``threads`` workers): few threads
+    keep GIL hand-offs cheap under many concurrent calls, while a store doing network or
+    disk I/O still overlaps that many calls. Threads start on first use and end when the
+    recorder is garbage-collected.
+    """
+
+    def __init__(self, store: Store, threads: int = 4) -> None:
         self.store = store
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="boltrl-gateway-store")
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(fn, *args))
 
     async def attempt(self, rollout_id: str) -> Attempt:
         """The running attempt; raises ``RolloutUnavailable`` (404) or ``StoreUnavailable``."""
         try:
-            return await anyio.to_thread.run_sync(self.store.current_attempt, rollout_id)
+            return await self._run(self.store.current_attempt, rollout_id)
         except Exception as e:
             raise _store_error(e, rollout_id) from e
 
     async def record(self, attempt: Attempt, call: LLMCall) -> None:
         """Write the call durably; raises what the agent should be told when that fails."""
         try:
-            await anyio.to_thread.run_sync(self.store.record, attempt, [call])
+            await self._run(self.store.record, attempt, [call])
         except Exception as e:
             log.warning("gateway: recording call %s failed: %s", call.id, e)
             raise _store_error(e, attempt.rollout_id) from e
@@ -72,7 +85,7 @@ class Recorder:
     async def record_failure(self, attempt: Attempt, call: LLMCall) -> None:
         """Write a failed call; a store failure here is logged (the backend error wins)."""
         try:
-            await anyio.to_thread.run_sync(self.store.record, attempt, [call])
+            await self._run(self.store.record, attempt, [call])
         except Exception:
             log.exception("gateway: could not record failed call %s", call.id)
 

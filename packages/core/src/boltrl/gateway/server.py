@@ -95,8 +95,9 @@ class Gateway:
             log_level=self._log_level,
             access_log=False,
             lifespan="off",
-            loop="asyncio",
-            http="h11",
+            # httptools and uvloop when installed (uvicorn[standard]), else h11 and asyncio
+            loop="auto",
+            http="auto",
             timeout_graceful_shutdown=2,
         )
         server = uvicorn.Server(config)
