@@ -26,6 +26,15 @@ from typing import Any, Literal, TypeAlias
 from boltrl.errors import BackendError
 from boltrl.gateway.backend import Generation, GenerationRequest
 
+__all__ = [
+    "SCRIPTED_LOGPROB",
+    "TEMPLATE_HASH",
+    "Reply",
+    "ScriptedBackend",
+    "render_prompt",
+    "render_reply",
+]
+
 JSON = dict[str, Any]
 Reply: TypeAlias = "str | JSON | BaseException | Callable[[GenerationRequest], str | JSON]"
 """A script item: assistant text; ``{"content"?: str, "tool_calls": [{"name", "arguments",

@@ -35,6 +35,7 @@ from boltrl.gateway._json import dumps, loads
 from boltrl.gateway._output import ParsedCall
 from boltrl.gateway.backend import Backend, Generation
 from boltrl.gateway.recording import Recorder, failed_call, ok_call
+from boltrl.records import Attempt
 from boltrl.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -91,71 +92,87 @@ class _Handlers:
         )
 
     async def serve(self, request: Request, api: _API) -> Response:
+        """One call, start to end (see the module docstring for the order of steps)."""
         denied = self._unauthorized(request)
         if denied is not None:
             return denied
         rollout_id: str | None = request.path_params.get("rollout_id")
         try:
             call = _parse(api, await request.body())
+            call.request.rollout_id = rollout_id
+            attempt = await self._attempt(rollout_id)
         except BoltrlError as e:
             return _boltrl_error(e)
-        call.request.rollout_id = rollout_id
-        recorder = self.recorder if rollout_id is not None else None
-        attempt = None
-        if recorder is not None:
-            try:
-                attempt = await recorder.attempt(rollout_id)  # type: ignore[arg-type]
-            except BoltrlError as e:
-                return _boltrl_error(e)
         call_id = api.prefix + uuid.uuid4().hex
-        backend = self.backend
         started = time.time()
         try:
-            gen = await backend.generate(call.request)
+            gen = await self.backend.generate(call.request)
         except Exception as e:
-            ended = time.time()
-            log.warning("gateway: backend failed on %s: %s: %s", call_id, type(e).__name__, e)
-            if attempt is not None and recorder is not None:
-                record = failed_call(
-                    call_id,
-                    attempt,
-                    call,
-                    e,
-                    model=backend.model_name,
-                    started_at=started,
-                    ended_at=ended,
-                )
-                await recorder.record_failure(attempt, record)
-            if isinstance(e, BackendUnavailable):
-                return _error(503, f"backend unavailable: {e}", code=e.code)
-            return _error(502, f"backend error: {type(e).__name__}: {e}", code="backend_error")
+            return await self._failed(call_id, attempt, call, e, started)
         ended = time.time()
-        model = gen.model or backend.model_name
-        if attempt is not None and recorder is not None:
-            try:
-                record = ok_call(
-                    call_id,
-                    attempt,
-                    call,
-                    gen,
-                    model=model,
-                    policy_version=backend.policy_version,
-                    started_at=started,
-                    ended_at=ended,
-                )
-                await recorder.record(attempt, record)
-            except BoltrlError as e:
-                return _boltrl_error(e)
-            except ValueError as e:  # the backend produced something a record cannot hold
-                log.exception("gateway: call %s cannot be recorded", call_id)
-                return _error(
-                    502, f"backend returned an invalid generation: {e}", code="backend_error"
-                )
+        model = gen.model or self.backend.model_name
+        if attempt is not None:
+            refused = await self._record(call_id, attempt, call, gen, model, started, ended)
+            if refused is not None:
+                return refused
         created = int(ended)
         if call.stream:
             body = api.stream(call_id, created, model, gen, call)
             return Response(body, 200, headers=_SSE_HEADERS, media_type="text/event-stream")
         return _json(api.render(call_id, created, model, gen, call))
+
+    async def _attempt(self, rollout_id: str | None) -> Attempt | None:
+        """The attempt to record under; None when the call is not recorded."""
+        if rollout_id is None or self.recorder is None:
+            return None
+        return await self.recorder.attempt(rollout_id)
+
+    async def _failed(
+        self, call_id: str, attempt: Attempt | None, call: ParsedCall, e: Exception, started: float
+    ) -> Response:
+        """Record the backend's failure (when recording) and tell the agent: 502 or 503."""
+        ended = time.time()
+        log.warning("gateway: backend failed on %s: %s: %s", call_id, type(e).__name__, e)
+        if attempt is not None and self.recorder is not None:
+            model = self.backend.model_name
+            record = failed_call(
+                call_id, attempt, call, e, model=model, started_at=started, ended_at=ended
+            )
+            await self.recorder.record_failure(attempt, record)
+        if isinstance(e, BackendUnavailable):
+            return _error(503, f"backend unavailable: {e}", code=e.code)
+        return _error(502, f"backend error: {type(e).__name__}: {e}", code="backend_error")
+
+    async def _record(
+        self,
+        call_id: str,
+        attempt: Attempt,
+        call: ParsedCall,
+        gen: Generation,
+        model: str,
+        started: float,
+        ended: float,
+    ) -> Response | None:
+        """Write the call; the error response when it cannot be written, else None."""
+        assert self.recorder is not None
+        try:
+            record = ok_call(
+                call_id,
+                attempt,
+                call,
+                gen,
+                model=model,
+                policy_version=self.backend.policy_version,
+                started_at=started,
+                ended_at=ended,
+            )
+            await self.recorder.record(attempt, record)
+        except BoltrlError as e:
+            return _boltrl_error(e)
+        except ValueError as e:  # the backend produced something a record cannot hold
+            log.exception("gateway: call %s cannot be recorded", call_id)
+            return _error(502, f"backend returned an invalid generation: {e}", code="backend_error")
+        return None
 
     async def chat(self, request: Request) -> Response:
         return await self.serve(request, _CHAT)
