@@ -47,6 +47,9 @@ class RolloutContext:
         self._index = itertools.count()
         self.failed_records = 0
         """Records the sink refused or failed to take (logged, never raised into the agent)."""
+        self.dropped_records = 0
+        """Records that arrived after the attempt was closed (e.g. an abandoned agent)."""
+        self._closed = False
         self._token: contextvars.Token[RolloutContext | None] | None = None
 
     @property
@@ -65,6 +68,9 @@ class RolloutContext:
     def add(self, record: AnyRecord, *, write_through: bool = False) -> AnyRecord:
         """Attach a record to this attempt; returns it as stamped (ids, index)."""
         stamped = self._stamp(record)
+        if self._closed:
+            self.dropped_records += 1
+            return stamped
         if write_through:
             self.flush(extra=[stamped])
         else:
@@ -88,6 +94,13 @@ class RolloutContext:
                     len(batch),
                     self.attempt.rollout_id,
                 )
+
+    def close(self, *, flush: bool = True) -> None:
+        """Stop accepting records (after a timeout or abandonment); later ones are dropped
+        and counted in ``dropped_records``."""
+        if flush:
+            self.flush()
+        self._closed = True
 
     # -- entering / leaving -------------------------------------------------------------
 

@@ -92,6 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:  # one INFO line per HTTP request drowns what matters
+        for noisy in ("httpx", "httpcore", "uvicorn.access"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

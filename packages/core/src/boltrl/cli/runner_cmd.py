@@ -1,0 +1,53 @@
+"""``boltrl runner``: run an agent against a (usually remote) store."""
+
+from __future__ import annotations
+
+import argparse
+
+from boltrl.cli import Commands
+
+
+def _add(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", required=True, help="store URL: http://host:port, sqlite:///x.db")
+    p.add_argument("--agent", required=True, help="the agent: module:function or file.py:function")
+    p.add_argument("--concurrency", type=int, default=1, help="rollouts run at once (default 1)")
+    p.add_argument("--token", default=None, help="store token, if the store requires one")
+    p.add_argument("--worker-id", default=None, help="worker id shown in the store")
+    p.add_argument("--lease", type=float, default=30.0, help="lease seconds (default 30)")
+    p.add_argument("--max-rollouts", type=int, default=None, help="stop after this many")
+    p.add_argument("--exit-when-idle", action="store_true", help="exit once no rollout is queued")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from boltrl.errors import BoltrlError
+    from boltrl.loading import load_object
+    from boltrl.runner import Runner
+    from boltrl.store import open_store
+
+    try:
+        agent = load_object(args.agent, what="--agent")
+        store = open_store(args.store, token=args.token)
+    except BoltrlError as e:
+        print(f"boltrl runner: {e}")
+        return 2
+    runner = Runner(
+        agent,
+        store,
+        concurrency=args.concurrency,
+        worker_id=args.worker_id,
+        lease_s=args.lease,
+    )
+    print(f"boltrl runner {runner.worker_id}: {args.concurrency} slot(s) on {args.store}")
+    try:
+        stats = runner.run(max_rollouts=args.max_rollouts, exit_when_idle=args.exit_when_idle)
+    finally:
+        store.close()
+    print(
+        f"boltrl runner: claimed {stats.claimed}, succeeded {stats.succeeded}, "
+        f"failed {stats.failed} (timed out {stats.timed_out}), abandoned {stats.abandoned}"
+    )
+    return 0
+
+
+def register(commands: Commands) -> None:
+    commands.add("runner", "run an agent on the rollouts of a store", _add, _run)

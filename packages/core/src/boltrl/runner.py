@@ -1,0 +1,407 @@
+"""Runners: claim rollouts from a store and run the user's agent on them.
+
+An agent is a plain function ``agent(task_input: dict, llm: boltrl.LLM) -> float | None``,
+sync or async. The runner builds the rollout-scoped ``LLM`` from the store's published
+resources, runs the agent inside a ``RolloutContext`` (so ``emit_reward`` and adapters
+reach the rollout), heartbeats while it runs, enforces the rollout's ``timeout_s``, and
+reports the outcome: a returned number is the final reward, an exception a failed
+attempt with its traceback.
+
+Each rollout's agent runs in its own thread (an async agent in its own event loop in
+that thread) while a supervising worker thread heartbeats, watches the clock and, on a
+timeout, abandons it. A Python thread cannot be killed: an abandoned sync agent keeps
+running until it returns, but whatever it records afterwards is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import math
+import os
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from boltrl.context import RolloutContext
+from boltrl.errors import BoltrlError, Conflict, NotFound
+from boltrl.records import LLM, Attempt, Resources, RolloutStatus
+from boltrl.store.base import DEFAULT_LEASE_S, Store
+
+log = logging.getLogger(__name__)
+
+AgentFn = Callable[[dict[str, Any], LLM], "float | Awaitable[float | None] | None"]
+
+
+class Retryable(Exception):
+    """Raise from an agent to fail the attempt and have the rollout retried."""
+
+
+def _default_retryable(exc: BaseException) -> bool:
+    """Transient infrastructure errors are retried; the agent's own bugs are not."""
+    if isinstance(exc, Retryable | ConnectionError | TimeoutError):
+        return True
+    name = type(exc).__name__
+    # openai / httpx connection-level failures, without importing either
+    return name in {"APIConnectionError", "APITimeoutError", "ConnectError", "ReadTimeout"}
+
+
+@dataclass
+class RunnerStats:
+    """What a runner did; updated live (read it from any thread)."""
+
+    claimed: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    abandoned: int = 0
+    """Attempts given up because the store no longer considered them current."""
+    started_at: float = field(default_factory=time.time)
+
+
+def _worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class _AgentRun:
+    """One agent invocation in its own thread; the supervisor waits on ``done``."""
+
+    def __init__(self, agent: AgentFn, task_input: dict[str, Any], llm: LLM, ctx: RolloutContext):
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.error_text: str | None = None
+        self._agent = agent
+        self._args = (task_input, llm)
+        self._ctx = ctx
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self.thread = threading.Thread(
+            target=self._main, name=f"boltrl-agent-{ctx.rollout_id[-8:]}", daemon=True
+        )
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _main(self) -> None:
+        try:
+            with self._ctx:
+                out = self._agent(*self._args)
+                if inspect.isawaitable(out):
+                    out = self._run_async(out)
+                self.result = out
+        except BaseException as e:  # the agent's failure is data, not our crash
+            self.error = e
+            self.error_text = "".join(traceback.format_exception(e))
+        finally:
+            self.done.set()
+
+    def _run_async(self, awaitable: Awaitable[Any]) -> Any:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+
+        async def main() -> Any:
+            self._task = asyncio.current_task()
+            return await awaitable
+
+        try:
+            return loop.run_until_complete(main())
+        finally:
+            try:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                loop.close()
+
+    def cancel(self) -> None:
+        """Best effort: cancel an async agent; a sync one is left to finish on its own."""
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:
+                pass
+
+
+def _as_reward(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool | int | float):
+        f = float(value)
+        if not math.isfinite(f):
+            raise ValueError(f"agent returned a non-finite reward ({value!r})")
+        return f
+    raise TypeError(f"agent returned {type(value).__name__}; expected a float reward or None")
+
+
+class Runner:
+    """Runs an agent over the rollouts of a store with ``concurrency`` parallel slots.
+
+    Thread-safe to ``stop()`` from any thread (or Ctrl-C when ``run()`` is in the main
+    thread): it stops claiming and waits for running rollouts to finish (drain).
+    """
+
+    def __init__(
+        self,
+        agent: AgentFn,
+        store: Store,
+        *,
+        concurrency: int = 1,
+        worker_id: str | None = None,
+        lease_s: float = DEFAULT_LEASE_S,
+        heartbeat_s: float | None = None,
+        claim_wait_s: float = 1.0,
+        retryable: Callable[[BaseException], bool] = _default_retryable,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1 (got {concurrency})")
+        if lease_s <= 0:
+            raise ValueError(f"lease_s must be > 0 (got {lease_s})")
+        self.agent = agent
+        self.store = store
+        self.concurrency = concurrency
+        self.worker_id = worker_id or _worker_id()
+        self.lease_s = lease_s
+        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else max(lease_s / 3, 0.05)
+        self.claim_wait_s = claim_wait_s
+        self.retryable = retryable
+        self.stats = RunnerStats()
+        self._stop = threading.Event()
+        self._abort = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        # Worker exit is tracked with a condition, not Thread.join: a Ctrl-C that
+        # interrupts Thread.join on CPython 3.11 can leave the thread marked as stopped
+        # while it still runs, and then the drain would not wait for it.
+        self._alive = 0
+        self._exited = threading.Condition(self._lock)
+        self._remaining: int | None = None
+        self._idle_exit = False
+        self._resources: Resources | None = None
+        self._resources_at = 0.0
+
+    # -- public control -------------------------------------------------------------
+
+    def start(self, *, max_rollouts: int | None = None, exit_when_idle: bool = False) -> Runner:
+        """Start the worker threads and return at once."""
+        self._stop.clear()
+        self._remaining = max_rollouts
+        self._idle_exit = exit_when_idle
+        self._alive = self.concurrency
+        self._threads = [
+            threading.Thread(
+                target=self._worker_loop, args=(slot,), name=f"boltrl-runner-{slot}", daemon=True
+            )
+            for slot in range(self.concurrency)
+        ]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self, *, drain: bool = True, timeout_s: float | None = None) -> None:
+        """Stop claiming; with ``drain`` wait for running rollouts to finish."""
+        self._stop.set()
+        if drain:
+            self.join(timeout_s)
+
+    def join(self, timeout_s: float | None = None) -> bool:
+        """Wait for all worker threads to exit; False if ``timeout_s`` passed first."""
+        with self._exited:
+            return self._exited.wait_for(lambda: self._alive == 0, timeout_s)
+
+    def run(self, *, max_rollouts: int | None = None, exit_when_idle: bool = False) -> RunnerStats:
+        """Run in the calling thread until stopped, ``max_rollouts`` are done, or (with
+        ``exit_when_idle``) no rollout could be claimed for ``claim_wait_s``.
+
+        Ctrl-C stops claiming and drains; a second Ctrl-C abandons running rollouts
+        (their attempts fail as retryable, so they are requeued at once).
+        """
+        self.start(max_rollouts=max_rollouts, exit_when_idle=exit_when_idle)
+        try:
+            while not self.join(0.2):
+                pass
+        except KeyboardInterrupt:
+            log.warning(
+                "boltrl runner: stopping, draining %d slot(s) (Ctrl-C again to abort)",
+                self.concurrency,
+            )
+            self._stop.set()
+            try:
+                self.join()
+            except KeyboardInterrupt:
+                self._abort.set()
+                self.join(5.0)
+        return self.stats
+
+    # -- internals ------------------------------------------------------------------
+
+    def _take_slot(self) -> bool:
+        with self._lock:
+            if self._remaining is None:
+                return True
+            if self._remaining <= 0:
+                return False
+            self._remaining -= 1
+            return True
+
+    def _give_back_slot(self) -> None:
+        with self._lock:
+            if self._remaining is not None:
+                self._remaining += 1
+
+    def _llm_for(self, rollout_id: str) -> LLM:
+        now = time.monotonic()
+        if self._resources is None or now - self._resources_at > 1.0:
+            self._resources = self.store.resources()
+            self._resources_at = now
+        res = self._resources
+        if res.gateway_url is None:
+            # No model published (e.g. agents that need none): an LLM without endpoint.
+            return LLM(base_url="", model=res.model, api_key=res.api_key, rollout_id=rollout_id)
+        return res.llm_for(rollout_id)
+
+    def _worker_loop(self, slot: int) -> None:
+        try:
+            self._claim_loop()
+        finally:
+            with self._exited:
+                self._alive -= 1
+                self._exited.notify_all()
+
+    def _claim_loop(self) -> None:
+        while not self._stop.is_set():
+            if not self._take_slot():
+                return
+            try:
+                attempt = self.store.claim(
+                    self.worker_id, lease_s=self.lease_s, wait_s=self.claim_wait_s
+                )
+            except BoltrlError:
+                log.exception("boltrl runner: claim failed; retrying")
+                self._give_back_slot()
+                self._stop.wait(1.0)
+                continue
+            if attempt is None:
+                self._give_back_slot()
+                if self._idle_exit:
+                    return
+                continue
+            with self._lock:
+                self.stats.claimed += 1
+            try:
+                self._execute(attempt)
+            except Exception:
+                log.exception("boltrl runner: internal error on rollout %s", attempt.rollout_id)
+
+    def _execute(self, attempt: Attempt) -> None:
+        assert attempt.task is not None, "store.claim must fill in the task"
+        ctx = RolloutContext(attempt, self.store.record)
+        try:
+            llm = self._llm_for(attempt.rollout_id)
+        except BoltrlError as e:
+            self._finish(
+                attempt, RolloutStatus.FAILED, error=str(e), kind="resources", retryable=True
+            )
+            return
+        run = _AgentRun(self.agent, dict(attempt.task.input), llm, ctx)
+        run.start()
+        deadline = None if attempt.timeout_s is None else time.monotonic() + attempt.timeout_s
+        while True:
+            wait = self.heartbeat_s
+            if deadline is not None:
+                wait = min(wait, max(0.0, deadline - time.monotonic()))
+            if run.done.wait(wait):
+                break
+            if self._abort.is_set():
+                run.cancel()
+                ctx.close()
+                self._finish(
+                    attempt,
+                    RolloutStatus.FAILED,
+                    error="runner aborted",
+                    kind="aborted",
+                    retryable=True,
+                )
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                run.cancel()
+                ctx.close()
+                with self._lock:
+                    self.stats.timed_out += 1
+                self._finish(
+                    attempt,
+                    RolloutStatus.FAILED,
+                    error=f"agent did not finish within timeout_s={attempt.timeout_s}",
+                    kind="timeout",
+                    retryable=True,
+                )
+                return
+            try:
+                attempt = self.store.heartbeat(attempt, lease_s=self.lease_s)
+                ctx.attempt = attempt
+            except (Conflict, NotFound) as e:
+                log.warning("boltrl runner: abandoning rollout %s: %s", attempt.rollout_id, e)
+                run.cancel()
+                ctx.close(flush=False)
+                with self._lock:
+                    self.stats.abandoned += 1
+                return
+            except BoltrlError:
+                log.exception("boltrl runner: heartbeat failed for %s", attempt.rollout_id)
+            ctx.flush()
+
+        ctx.flush()
+        if run.error is not None:
+            retry = self.retryable(run.error)
+            self._finish(
+                attempt,
+                RolloutStatus.FAILED,
+                error=run.error_text,
+                kind="exception",
+                retryable=retry,
+            )
+            return
+        try:
+            reward = _as_reward(run.result)
+        except (TypeError, ValueError) as e:
+            self._finish(attempt, RolloutStatus.FAILED, error=str(e), kind="bad_return")
+            return
+        self._finish(attempt, RolloutStatus.SUCCEEDED, reward=reward)
+
+    def _finish(
+        self,
+        attempt: Attempt,
+        status: RolloutStatus,
+        *,
+        reward: float | None = None,
+        error: str | None = None,
+        kind: str | None = None,
+        retryable: bool = False,
+    ) -> None:
+        try:
+            self.store.finish(
+                attempt, status, reward=reward, error=error, error_kind=kind, retryable=retryable
+            )
+        except (Conflict, NotFound) as e:
+            log.warning("boltrl runner: could not finish rollout %s: %s", attempt.rollout_id, e)
+            with self._lock:
+                self.stats.abandoned += 1
+            return
+        with self._lock:
+            if status is RolloutStatus.SUCCEEDED:
+                self.stats.succeeded += 1
+            else:
+                self.stats.failed += 1
+
+
+def copy_context_thread(target: Callable[..., Any], *args: Any) -> threading.Thread:
+    """A thread that runs ``target`` in a copy of the caller's context, so records made
+    inside it reach the caller's rollout even when several rollouts run at once."""
+    ctx = contextvars.copy_context()
+    return threading.Thread(target=ctx.run, args=(target, *args), daemon=True)
