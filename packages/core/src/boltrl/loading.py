@@ -11,7 +11,6 @@ from typing import Any
 
 from boltrl.errors import InvalidInput
 
-
 _FORM = "must look like 'module:function' or 'file.py:function'"
 
 
