@@ -350,6 +350,19 @@ def test_sqlite_reopen_restores_everything(tmp_path: Path) -> None:
         assert st.enqueue([_task(3)]) and [r.id for r in st.query()][:3] == ids
 
 
+def test_sqlite_reopen_after_everything_finished_keeps_enqueueing(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    with SqliteStore(path) as st:
+        first = st.enqueue([_task(0), _task(1)])
+        while (att := st.claim("w", lease_s=5.0)) is not None:
+            st.finish(att, "succeeded")
+    with SqliteStore(path) as st:
+        later = st.enqueue([_task(2)])
+        assert [r.id for r in st.query()] == first + later
+        att = st.claim("w", lease_s=5.0)
+        assert att is not None and att.rollout_id == later[0]
+
+
 def test_open_store_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     mem = open_store("memory://")

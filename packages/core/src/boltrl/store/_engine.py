@@ -116,8 +116,12 @@ class StoreEngine(abc.ABC):
     def _p_close(self) -> None:  # noqa: B027 - optional hook
         pass
 
-    def _restore(self, active: Iterable[tuple[int, Rollout]], resources: Resources) -> None:
-        """Load live state a persistent store already holds (at open)."""
+    def _restore(
+        self, active: Iterable[tuple[int, Rollout]], resources: Resources, next_ord: int
+    ) -> None:
+        """Load live state a persistent store already holds (at open); ``next_ord`` is
+        one past the highest enqueue order ever used, terminal rollouts included."""
+        self._next_ord = next_ord
         for order, head in active:
             self._active[head.id] = head
             self._ord[head.id] = order
@@ -128,7 +132,6 @@ class StoreEngine(abc.ABC):
                 # still alive it heartbeats on; if not, the lease expires and requeues.
                 att = head.attempts[-1]
                 self._leases.append((att.lease_expires_at, head.id, att.number))
-            self._next_ord = max(self._next_ord, order + 1)
         heapq.heapify(self._queue)
         heapq.heapify(self._leases)
         self._resources = resources

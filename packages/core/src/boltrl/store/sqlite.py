@@ -74,7 +74,8 @@ class SqliteStore(StoreEngine):
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._setup(sync)
-            self._restore(self._load_active(), self._load_resources())
+            (top,) = self._db.execute("SELECT COALESCE(MAX(ord), 0) FROM rollouts").fetchone()
+            self._restore(self._load_active(), self._load_resources(), int(top) + 1)
         except BaseException:
             self._lockfile.close()
             raise
