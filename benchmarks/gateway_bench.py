@@ -2,8 +2,8 @@
 
 The backend is a ``ScriptedBackend`` (no model, answers in microseconds), so every figure
 is the gateway's own cost: HTTP/1.1 keep-alive, parsing and validating the OpenAI body,
-calling the backend, recording the ``LLMCall`` (recorded mode: a memory store, two
-store calls on worker threads), and rendering the response.
+calling the backend, recording the ``LLMCall`` (recorded mode: ``--store memory`` or
+``sqlite``, two store calls on worker threads), and rendering the response.
 
 The gateway runs in a child process (its own GIL, as in production); the clients run
 here, on asyncio, each over one keep-alive connection with a minimal HTTP/1.1 client
@@ -24,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -67,13 +68,13 @@ def percentile(xs: list[float], q: float) -> float:
 # --------------------------------------------------------------------------- child server
 
 
-def child(rollouts: int) -> None:
-    """The gateway process: a memory store with ``rollouts`` running rollouts."""
+def child(rollouts: int, store_url: str) -> None:
+    """The gateway process: a store with ``rollouts`` running rollouts."""
     from boltrl.gateway import Gateway
     from boltrl.records import Task
     from boltrl.store import open_store
 
-    store = open_store("memory://")
+    store = open_store(store_url)
     store.enqueue([Task(input={"i": i}) for i in range(rollouts)])
     ids = []
     for _ in range(rollouts):
@@ -194,15 +195,23 @@ def main() -> None:
         help="run each measurement this often, report the best (the machine may be shared)",
     )
     p.add_argument("--json", help="also write the figures to this file")
+    p.add_argument(
+        "--store",
+        choices=["memory", "sqlite"],
+        default="memory",
+        help="store of the recorded route (sqlite: a fresh file in a temporary folder)",
+    )
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--child-store", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child is not None:
-        child(args.child)
+        child(args.child, args.child_store)
         return
     levels = [int(c) for c in args.concurrency.split(",")]
-
+    tmp = tempfile.TemporaryDirectory()
+    store_url = "memory://" if args.store == "memory" else f"sqlite:///{tmp.name}/bench.db"
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--child", str(max(levels))],
+        [sys.executable, __file__, "--child", str(max(levels)), "--child-store", store_url],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -213,12 +222,13 @@ def main() -> None:
     url, rollouts = info["url"], info["rollouts"]
     routes = {
         "unrecorded (/v1)": ["/v1/chat/completions"],
-        "recorded (/rollouts/{id}/v1, memory store)": [
+        f"recorded (/rollouts/{{id}}/v1, {args.store} store)": [
             f"/rollouts/{r}/v1/chat/completions" for r in rollouts
         ],
     }
     results: dict[str, Any] = {
         "client": args.client,
+        "store": args.store,
         "requests": args.requests,
         "repeat": args.repeat,
     }
@@ -265,6 +275,7 @@ def main() -> None:
     finally:
         proc.stdin.close()
         proc.wait(timeout=30)
+        tmp.cleanup()
     extra = transformers_batching(args)
     if extra is not None:
         results["transformers_batching"] = extra

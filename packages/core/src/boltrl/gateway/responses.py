@@ -135,8 +135,8 @@ def _items(resp_id: str, gen: Generation, *, done: bool = True) -> list[JSON]:
     status = "completed" if done else "in_progress"
     hexid = resp_id.removeprefix("resp_")
     items: list[JSON] = []
-    if gen.text is not None and (gen.text or not gen.tool_calls):
-        text = gen.text if done else ""
+    if gen.text or not gen.tool_calls:  # a turn with neither still answers (empty text)
+        text = (gen.text or "") if done else ""
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
         items.append(
             {
