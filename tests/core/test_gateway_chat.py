@@ -10,6 +10,7 @@ import pytest
 from gateway_util import WEATHER_TOOL, client, normalized, running, scripted_call, serve, tool_call
 
 from boltrl.gateway import Gateway
+from boltrl.gateway.backend import GenerationRequest
 from boltrl.store import open_store
 from boltrl.store.base import Store
 from boltrl.testing import SCRIPTED_LOGPROB, ScriptedBackend, render_prompt
@@ -245,8 +246,6 @@ def test_token_ids_and_logprobs_on_request(gateway: Gateway) -> None:
     messages = [{"role": "user", "content": "hi"}]
     body = {"model": "m", "messages": messages, "logprobs": True, "return_token_ids": True}
     data = httpx.post(f"{gateway.url}/v1/chat/completions", json=body).json()
-    from boltrl.gateway.backend import GenerationRequest
-
     prompt = list(render_prompt(GenerationRequest(messages=messages)).encode())
     reply = list(b"Hello there, traveller.")
     assert data["prompt_token_ids"] == prompt
@@ -280,3 +279,42 @@ def test_token_required_when_set() -> None:
         assert httpx.get(f"{gw.url}/health").json()["status"] == "ok"
     with pytest.raises(ValueError, match="token"):
         Gateway(ScriptedBackend(["ok"]), host="0.0.0.0")
+
+
+def test_stream_carries_token_ids_when_asked(gateway: Gateway) -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    body = {
+        "model": "m",
+        "messages": messages,
+        "stream": True,
+        "return_token_ids": True,
+        "max_tokens": 1000,
+        "max_completion_tokens": 5,
+    }
+    r = httpx.post(f"{gateway.url}/v1/chat/completions", json=body)
+    chunks = [json.loads(e.removeprefix("data: ")) for e in r.text.split("\n\n")[:-2]]
+    prompt = list(render_prompt(GenerationRequest(messages=messages)).encode())
+    assert chunks[0]["prompt_token_ids"] == prompt
+    # max_completion_tokens wins over max_tokens: 5 bytes, cut for length
+    assert chunks[-1]["choices"][0] == {
+        "index": 0,
+        "delta": {},
+        "logprobs": None,
+        "finish_reason": "length",
+        "token_ids": list(b"Hello"),
+    }
+    assert "prompt_token_ids" not in chunks[1]
+
+
+def test_gateway_lifecycle() -> None:
+    gw = Gateway(ScriptedBackend(["x"]))
+    with pytest.raises(RuntimeError, match="not started"):
+        _ = gw.url
+    gw.start()
+    assert gw.start() is gw  # starting twice is a no-op
+    url = gw.url
+    assert httpx.get(f"{url}/health").status_code == 200
+    gw.stop()
+    gw.stop()  # idempotent
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/health")
