@@ -134,7 +134,7 @@ def test_lease_expiry_requeues_until_max_attempts_then_fails(store: Store) -> No
     assert a1 is not None
     # A blocked claim wakes when the lease expires (it computes the expiry, no polling).
     t0 = time.monotonic()
-    a2 = store.claim("w2", lease_s=0.2, wait_s=10.0)
+    a2 = store.claim("w2", lease_s=1.0, wait_s=10.0)
     assert a2 is not None and 0.1 < time.monotonic() - t0 < 3.0
     assert (a2.rollout_id, a2.number, a2.worker_id) == (rid, 2, "w2")
     r = store.get(rid)
@@ -158,9 +158,9 @@ def test_lease_expiry_requeues_until_max_attempts_then_fails(store: Store) -> No
 
 def test_heartbeats_keep_the_lease(store: Store) -> None:
     [rid] = store.enqueue([_task(0)])
-    att = store.claim("w", lease_s=0.3)
+    att = store.claim("w", lease_s=0.5)
     assert att is not None
-    for _ in range(6):
+    for _ in range(8):  # 0.8 s in all: well past the lease, yet it holds
         time.sleep(0.1)
         att = store.heartbeat(att)
     assert store.get(rid).status is RolloutStatus.RUNNING
