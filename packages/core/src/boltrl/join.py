@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from boltrl.records import CallAnnotation, LLMCall
+from boltrl.records import CallAnnotation, LLMCall, ToolStep
 
 
 def _text(content: Any) -> str:
@@ -69,6 +69,36 @@ def join_calls(
     Parent ids that name another annotation's framework span are translated to that
     annotation's call id, so the tree is expressed in call ids where possible.
     """
+    joined, unjoined, _ = _join(calls, annotations)
+    return joined, unjoined
+
+
+def join_records(
+    calls: Sequence[LLMCall],
+    annotations: Sequence[CallAnnotation],
+    tool_steps: Sequence[ToolStep],
+) -> tuple[list[LLMCall], list[ToolStep], int]:
+    """``join_calls``, plus the tool steps with their parent translated the same way.
+
+    A tool step whose ``parent_id`` is the framework span of a joined annotation (the
+    model call that asked for the tool, when the adapter could not see its response id,
+    e.g. a streamed call) gets that call's id as ``parent_id``, and as ``call_id`` when
+    it has none. Other tool steps are returned unchanged.
+    """
+    joined, unjoined, span_to_call = _join(calls, annotations)
+    steps = []
+    for t in tool_steps:
+        cid = span_to_call.get(t.parent_id) if t.parent_id is not None else None
+        if cid is None:
+            steps.append(t)
+        else:
+            steps.append(t.model_copy(update={"parent_id": cid, "call_id": t.call_id or cid}))
+    return joined, steps, unjoined
+
+
+def _join(
+    calls: Sequence[LLMCall], annotations: Sequence[CallAnnotation]
+) -> tuple[list[LLMCall], int, dict[str, str]]:
     by_id = {c.id: c for c in calls}
     matched: dict[str, CallAnnotation] = {}
     unjoined = 0
@@ -116,4 +146,4 @@ def join_calls(
                 }
             )
         )
-    return out, unjoined
+    return out, unjoined, span_to_call

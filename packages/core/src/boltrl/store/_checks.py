@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from boltrl.errors import InvalidInput
-from boltrl.join import join_calls
+from boltrl.join import join_records
 from boltrl.records import (
     RECORD_ADAPTER,
     AnyRecord,
@@ -140,7 +140,9 @@ def assemble(head: Rollout, records: Iterable[AnyRecord]) -> Rollout:
             rewards.append(r)
         else:
             anns.append(r)
-    joined, unjoined = join_calls(calls, sorted(anns, key=lambda a: (a.attempt, a.index, a.seq)))
+    joined, tools, unjoined = join_records(
+        calls, sorted(anns, key=lambda a: (a.attempt, a.index, a.seq)), tools
+    )
     return head.model_copy(
         update={
             "calls": joined,
