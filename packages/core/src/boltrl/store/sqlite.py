@@ -51,6 +51,13 @@ CREATE TABLE IF NOT EXISTS records (
     body       TEXT NOT NULL,             -- record JSON (seq filled from the column)
     UNIQUE (rollout_id, attempt, id)      -- idempotent writes; also the per-rollout index
 );
+-- For the dashboard's read-only SQL (boltrl.dashboard.sqlsource): filter rollouts by run
+-- and task, and find the rollouts an agent took part in, without scanning every row.
+CREATE INDEX IF NOT EXISTS rollouts_by_run
+    ON rollouts (json_extract(head, '$.task.metadata.run'), ord);
+CREATE INDEX IF NOT EXISTS rollouts_by_task ON rollouts (json_extract(head, '$.task.id'), ord);
+CREATE INDEX IF NOT EXISTS records_by_agent ON records (json_extract(body, '$.agent'), rollout_id)
+    WHERE kind IN ('call_annotation', 'tool_step');
 """
 
 
