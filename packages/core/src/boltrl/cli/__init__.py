@@ -49,6 +49,8 @@ _CORE_MODULES = (
     "boltrl.cli.gateway_cmd",
     "boltrl.cli.runner_cmd",
     "boltrl.cli.demo_cmd",
+    "boltrl.cli.dashboard_cmd",
+    "boltrl.cli.export_cmd",
 )
 
 
