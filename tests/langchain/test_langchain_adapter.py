@@ -371,9 +371,7 @@ def test_a_langchain_cache_hit_is_recorded_cached_and_not_trained() -> None:
         "calls": [c],
         "annotations": [
             annotation(c, span="run-0", index=0, call_id="call-0", framework="langchain"),
-            annotation(
-                c, span="run-1", index=1, call_id="call-0", framework="langchain", cached=True
-            ),
+            annotation(c, span="run-1", index=1, call_id=None, framework="langchain", cached=True),
         ],
         "tool_steps": [],
         "rewards": [],

@@ -243,9 +243,11 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
     ) -> None:
         span_id = str(run_id)
         if error is None:
-            call_id = _field(cv.response_id, result)
             response = _field(cv.response_of, result)
             cached = bool(_field(cv.is_cache_hit, result))
+            # a cache hit carries the id of the call that filled the cache, a call of
+            # another time (or rollout): this one has no gateway record
+            call_id = None if cached else _field(cv.response_id, result)
         else:
             call_id, cached = None, False
             response = {"error": _field(cv.error_text, error)}
