@@ -35,3 +35,14 @@ def forced(tiny_model_path: Path) -> Iterator[Any]:
     replies = ForcedReplies(tiny_model_path)
     yield replies
     replies.close()
+
+
+@pytest.fixture
+def no_backend_errors(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """Fail a test if the TransformersBackend logged an error (e.g. a crashed sampling loop
+    whose callers were already answered)."""
+    yield
+    errors = [
+        r for r in caplog.records if r.name.startswith("boltrl_trainer") and r.levelname == "ERROR"
+    ]
+    assert not errors, [r.getMessage() for r in errors]

@@ -19,6 +19,7 @@ from boltrl_trainer.backend import TransformersBackend
 from boltrl_trainer.models import SMOLLM2_CHAT_TEMPLATE, load_model
 
 JSON = dict[str, Any]
+pytestmark = pytest.mark.usefixtures("no_backend_errors")
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +77,34 @@ def test_batched_requests_keep_token_truth(backend: TransformersBackend) -> None
     for i in (0, 4):
         alone = backend.generate_sync(reqs[i])
         assert alone.response_token_ids == gens[i].response_token_ids
+
+
+def test_requests_join_a_running_loop(tiny_model_path: Path) -> None:
+    """Continuous batching: requests that arrive mid-generation join the running loop (caches
+    padded and merged, dead padding trimmed when rows leave) and keep token truth."""
+    b = TransformersBackend(str(tiny_model_path), max_tokens=200, batch_window_s=0)
+    try:
+        long = chat("Hi", temperature=0, max_tokens=200)
+        alone = b.generate_sync(long)
+        joiners = [
+            chat("A much longer question " * 12, temperature=0.9, max_tokens=5),
+            chat("Medium question " * 4, temperature=1.0, top_p=0.8, max_tokens=40),
+        ]
+        before = b.stats()
+        first = b.submit(long)
+        while b.stats()["steps"] - before["steps"] < 5:
+            time.sleep(0.001)
+        later = [b.submit(r) for r in joiners]
+        gens = [f.result(60) for f in later]
+        assert not first.done()  # the joiners did not wait for the long reply
+        gens.insert(0, first.result(60))
+        after = b.stats()
+        assert after["row_steps"] - before["row_steps"] > after["steps"] - before["steps"]
+        assert gens[0].response_token_ids == alone.response_token_ids
+        for req, gen in zip((long, *joiners), gens, strict=True):
+            assert_generation_truth(b, req, gen)
+    finally:
+        b.close()
 
 
 def test_seed_repeats_a_sample(backend: TransformersBackend) -> None:

@@ -25,6 +25,7 @@ from boltrl_trainer._chat import template_hash
 from boltrl_trainer.backend import TransformersBackend
 
 JSON = dict[str, Any]
+pytestmark = pytest.mark.usefixtures("no_backend_errors")
 ADD_TOOL: JSON = {
     "type": "function",
     "function": {

@@ -1,10 +1,10 @@
 """The batched sampling loop behind TransformersBackend (imports torch; loaded on first use).
 
-One call runs several independent requests ("rows") through one model: a left-padded
+One loop runs several independent requests ("rows") through one model: a left-padded
 prefill, then one token per step for every unfinished row, with a KV cache. Attention mask
 and per-row position ids make a padded row compute what it would compute alone (up to
-float noise). Rows that finish leave the batch (their cache rows are dropped), so a long
-reply does not make the others pay for padding.
+float noise). Rows that finish leave the batch (their cache rows are dropped); requests
+that arrive meanwhile are prefilled and join it between steps (continuous batching).
 
 Logprobs: for ``temperature > 0`` each recorded logprob is ``log_softmax(logits / T)`` at
 the sampled id over the full vocabulary, i.e. the temperature-scaled distribution *before*
@@ -41,6 +41,30 @@ class Row:
     """Where a matched stop string starts in the decoded text (the reply is cut there)."""
 
 
+_NUCLEUS_PROBE = 256  # top-p looks at this many top tokens first; a full sort only if needed
+
+
+def _draw(probs: torch.Tensor, top_p: float, u: float) -> int:
+    """Inverse-CDF draw from ``probs`` [V] restricted to its top-p nucleus.
+
+    The nucleus keeps tokens, most likely first, while the mass before them is below
+    ``top_p`` (the first always stays). ``u`` is uniform in [0, 1).
+    """
+    if top_p < 1.0:
+        vals, order = probs.topk(min(_NUCLEUS_PROBE, probs.numel()))  # [k], descending
+        if float(vals.sum()) < top_p:  # the nucleus is wider than the probe: sort it all
+            vals, order = probs.sort(descending=True)
+        keep = int(((vals.cumsum(0) - vals) < top_p).sum())
+        vals, order = vals[:keep], order[:keep]
+    else:
+        order = None
+        vals = probs
+    cdf = vals.cumsum(0, dtype=torch.float64)  # [n]; float64 so the tail keeps its mass
+    target = torch.tensor([u * float(cdf[-1])], dtype=cdf.dtype, device=cdf.device)
+    index = min(int(torch.searchsorted(cdf, target, right=True)[0]), vals.numel() - 1)
+    return index if order is None else int(order[index])
+
+
 def _sample(
     logits: torch.Tensor, rows: list[Row], shared: torch.Generator | None
 ) -> tuple[list[int], list[float]]:
@@ -50,19 +74,15 @@ def _sample(
     greedy = temps <= 0
     scale = torch.where(greedy, torch.ones_like(temps), temps)
     logprobs = torch.log_softmax(logits / scale[:, None], dim=-1)  # [b, V]
-    chosen = logprobs.argmax(dim=-1)  # [b]
+    chosen = logprobs.argmax(dim=-1).tolist()  # [b]; greedy rows keep theirs
     for i, row in enumerate(rows):
-        if row.temperature <= 0:
-            continue
-        probs = logprobs[i].exp()  # [V]
-        if row.top_p < 1.0:
-            sorted_p, order = probs.sort(descending=True)
-            # drop a token once the mass before it already reaches top_p (the first stays)
-            drop = (sorted_p.cumsum(0) - sorted_p) >= row.top_p
-            probs = probs.scatter(0, order[drop], 0.0)
-        chosen[i] = torch.multinomial(probs, 1, generator=row.generator or shared)[0]
-    picked = logprobs.gather(1, chosen[:, None])[:, 0]  # [b]
-    return chosen.tolist(), picked.tolist()
+        if row.temperature > 0:
+            gen = row.generator or shared
+            u = float(torch.rand(1, generator=gen, device=gen.device if gen else device)[0])
+            chosen[i] = _draw(logprobs[i].exp(), row.top_p, u)
+    index = torch.tensor(chosen, device=device)[:, None]  # [b, 1]
+    picked = logprobs.gather(1, index)[:, 0]  # [b]
+    return chosen, picked.tolist()
 
 
 def _check_stop(row: Row, eos_ids: frozenset[int], decode: Callable[[list[int]], str]) -> None:
@@ -97,65 +117,172 @@ def _forward(model: Any, cache_arg: str, cache: Any, **kwargs: Any) -> torch.Ten
     return logits
 
 
-@torch.no_grad()
-def generate_rows(
-    model: Any,
-    rows: list[Row],
-    *,
-    pad_id: int,
-    eos_ids: frozenset[int],
-    decode: Callable[[list[int]], str],
-    on_finish: Callable[[Row], None],
-    generator: torch.Generator | None = None,
-) -> None:
-    """Sample every row to completion; call ``on_finish(row)`` as soon as each one stops.
+@dataclass
+class _Batch:
+    """The rows in flight and their cache: mask [b, S] (0 = padding), next_pos [b]."""
 
-    Blocking; runs on the caller's thread. Every row needs ``max_new_tokens >= 1``.
+    rows: list[Row]
+    cache: Any
+    mask: torch.Tensor
+    next_pos: torch.Tensor
+    tokens: torch.Tensor | None = None
+    """The ids sampled last, [b]: the next step's input."""
+
+    def select(self, keep: list[int]) -> None:
+        """Keep only the rows at ``keep`` (cache rows included)."""
+        if len(keep) == len(self.rows):
+            return
+        index = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
+        self.cache.batch_select_indices(index)
+        self.rows = [self.rows[i] for i in keep]
+        self.mask, self.next_pos = self.mask[index], self.next_pos[index]
+        if self.tokens is not None:
+            self.tokens = self.tokens[index]
+
+
+def _mergeable(cache: Any) -> bool:
+    """Whether the cache is made of plain growing layers whose tensors we may pad and join."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = list(getattr(cache, "layers", None) or [])
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _left_pad(x: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+    if n == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = n
+    return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+
+def _merge(a: _Batch, b: _Batch) -> None:
+    """Append ``b``'s rows to ``a``: both caches are left-padded to one width, then joined.
+
+    Cache tensors are [b, heads, S, head_dim]; keys are stored after RoPE, so padding in
+    front changes nothing for a row (masked out; each row keeps its own positions).
     """
-    from transformers import DynamicCache
+    width = max(a.mask.shape[1], b.mask.shape[1])
+    pad_a, pad_b = width - a.mask.shape[1], width - b.mask.shape[1]
+    for la, lb in zip(a.cache.layers, b.cache.layers, strict=True):
+        la.keys = torch.cat([_left_pad(la.keys, pad_a, 2), _left_pad(lb.keys, pad_b, 2)])
+        la.values = torch.cat([_left_pad(la.values, pad_a, 2), _left_pad(lb.values, pad_b, 2)])
+    a.mask = torch.cat([_left_pad(a.mask, pad_a, 1), _left_pad(b.mask, pad_b, 1)])
+    a.next_pos = torch.cat([a.next_pos, b.next_pos])
+    assert a.tokens is not None and b.tokens is not None
+    a.tokens = torch.cat([a.tokens, b.tokens])
+    a.rows = a.rows + b.rows
 
-    device = next(model.parameters()).device
-    width = max(len(r.prompt_ids) for r in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # [b, L]
-    mask = torch.zeros((len(rows), width), dtype=torch.long)  # [b, L], 0 = left padding
-    for i, r in enumerate(rows):
-        input_ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-        mask[i, width - len(r.prompt_ids) :] = 1
-    input_ids, mask = input_ids.to(device), mask.to(device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, L], real tokens count from 0
-    cache = DynamicCache(config=model.config)
-    cache_arg = _cache_argument(model)
-    logits = _forward(
-        model, cache_arg, cache, input_ids=input_ids, attention_mask=mask, position_ids=positions
-    )
-    next_pos = positions[:, -1] + 1  # [b]
-    active = list(rows)
-    while True:
-        tokens, logprobs = _sample(logits, active, generator)
+
+def _trim(batch: _Batch) -> None:
+    """Drop leading cache columns that are padding for every row (left by finished rows)."""
+    first = int(batch.mask.any(0).int().argmax())
+    if first > 0:
+        for layer in batch.cache.layers:
+            layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+        batch.mask = batch.mask[:, first:]
+
+
+class Sampler:
+    """Runs rows through one model until all are done, admitting newcomers between steps.
+
+    ``admit(n)`` is called before every step with the number of free slots and returns the
+    rows to add (possibly none); new rows are prefilled on their own and joined to the
+    running batch, so a request that arrives mid-generation need not wait for the others.
+    Joining needs plain ``DynamicLayer`` caches; for other caches nothing is admitted.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        pad_id: int,
+        eos_ids: frozenset[int],
+        decode: Callable[[list[int]], str],
+        on_finish: Callable[[Row], None],
+        generator: torch.Generator | None = None,
+        stats: dict[str, int] | None = None,
+    ) -> None:
+        self.model = model
+        self.pad_id = pad_id
+        self.eos_ids = eos_ids
+        self.decode = decode
+        self.on_finish = on_finish
+        self.generator = generator
+        self.device = next(model.parameters()).device
+        self.cache_arg = _cache_argument(model)
+        self.stats = stats if stats is not None else {}
+        """Counters updated live: ``steps`` (forward passes, prefills included) and
+        ``row_steps`` (rows carried, summed over passes)."""
+
+    def _forward(self, cache: Any, **kwargs: Any) -> torch.Tensor:
+        self.stats["steps"] = self.stats.get("steps", 0) + 1
+        rows = int(kwargs["input_ids"].shape[0])
+        self.stats["row_steps"] = self.stats.get("row_steps", 0) + rows
+        return _forward(self.model, self.cache_arg, cache, **kwargs)
+
+    def _prefill(self, rows: list[Row]) -> tuple[_Batch, torch.Tensor]:
+        """Left-padded prefill of ``rows``; returns the batch and its next logits [b, V]."""
+        from transformers import DynamicCache
+
+        width = max(len(r.prompt_ids) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)  # [b, L]
+        mask = torch.zeros((len(rows), width), dtype=torch.long)  # [b, L], 0 = padding
+        for i, r in enumerate(rows):
+            input_ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+            mask[i, width - len(r.prompt_ids) :] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, L], real tokens count from 0
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(
+            cache, input_ids=input_ids, attention_mask=mask, position_ids=positions
+        )
+        return _Batch(list(rows), cache, mask, positions[:, -1] + 1), logits
+
+    def _advance(self, batch: _Batch, logits: torch.Tensor) -> None:
+        """Sample one token per row, finish the rows that stop, drop them from the batch."""
+        tokens, logprobs = _sample(logits, batch.rows, self.generator)
         keep: list[int] = []
-        for i, (row, tok, lp) in enumerate(zip(active, tokens, logprobs, strict=True)):
+        for i, (row, tok, lp) in enumerate(zip(batch.rows, tokens, logprobs, strict=True)):
             row.ids.append(tok)
             row.logprobs.append(lp)
-            _check_stop(row, eos_ids, decode)
+            _check_stop(row, self.eos_ids, self.decode)
             if row.finish_reason is None:
                 keep.append(i)
             else:
-                on_finish(row)
-        if not keep:
-            return
-        step = torch.tensor(tokens, device=device)[:, None]  # [b, 1]
-        if len(keep) < len(active):
-            index = torch.tensor(keep, device=device)
-            cache.batch_select_indices(index)
-            mask, next_pos, step = mask[index], next_pos[index], step[index]
-            active = [active[i] for i in keep]
-        mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)  # [b, L + t]
-        logits = _forward(
-            model,
-            cache_arg,
-            cache,
-            input_ids=step,
-            attention_mask=mask,
-            position_ids=next_pos[:, None],
-        )
-        next_pos = next_pos + 1
+                self.on_finish(row)
+        batch.tokens = torch.tensor(tokens, device=self.device)
+        batch.select(keep)
+
+    @torch.no_grad()
+    def run(self, rows: list[Row], admit: Callable[[int], list[Row]], max_batch: int) -> None:
+        """Sample until every row (first and admitted) is done. Blocking, on this thread.
+
+        Every row needs ``max_new_tokens >= 1``.
+        """
+        batch, logits = self._prefill(rows)
+        joinable = _mergeable(batch.cache)
+        while True:
+            self._advance(batch, logits)
+            free = max_batch - len(batch.rows)
+            if joinable and free > 0 and (newcomers := admit(free)):
+                fresh, fresh_logits = self._prefill(newcomers)
+                self._advance(fresh, fresh_logits)
+                if fresh.rows:
+                    if batch.rows:
+                        _merge(batch, fresh)
+                    else:
+                        batch = fresh
+            if not batch.rows:
+                return
+            if joinable:
+                _trim(batch)
+            assert batch.tokens is not None
+            batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], 1)
+            logits = self._forward(
+                batch.cache,
+                input_ids=batch.tokens[:, None],  # [b, 1]
+                attention_mask=batch.mask,  # [b, S + 1]
+                position_ids=batch.next_pos[:, None],  # [b, 1]
+            )
+            batch.next_pos = batch.next_pos + 1

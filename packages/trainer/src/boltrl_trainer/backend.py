@@ -7,8 +7,9 @@ model, the exact ids sampled and their logprobs. Nothing is ever re-tokenized.
 
 Threads: one worker thread owns generation, so the asyncio loop that awaits ``generate``
 stays free. Requests that arrive within ``batch_window_s`` of each other (up to
-``max_batch``) share one sampling loop; a request that arrives while a batch runs waits
-for the next one. Each reply is returned as soon as its own row stops.
+``max_batch``) start one sampling loop together; a request that arrives while a loop runs
+joins it at the next step when a slot is free (continuous batching). Each reply is
+returned as soon as its own row stops.
 
 Weights: the trainer updates ``backend.model`` in place (or swaps it) between batches,
 inside ``with backend.paused():`` (blocks until the running batch ends and holds new ones
@@ -122,7 +123,12 @@ class TransformersBackend:
         self._closed = False
         self._start_lock = threading.Lock()
         self._generator: torch.Generator | None = None
-        self._stats = {"batches": 0, "requests": 0, "prompt_tokens": 0, "completion_tokens": 0}
+        self._stats = dict.fromkeys(
+            ("batches", "requests", "prompt_tokens", "completion_tokens", "steps", "row_steps"), 0
+        )
+        self._pause_requests = 0  # threads waiting in paused(): admit no newcomers meanwhile
+        self._pause_count_lock = threading.Lock()
+        self._stopping = False  # the worker met the stop sentinel while admitting
 
     # ------------------------------------------------------------------ Backend protocol
 
@@ -182,17 +188,28 @@ class TransformersBackend:
 
     @model.setter
     def model(self, model: Any) -> None:
-        with self._lock:
+        with self.paused():
             self._model = model
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """Hold generation off: blocks until the running batch ends; no batch starts inside.
 
-        Re-entrant on the same thread. Requests keep queueing and run when the block exits.
+        A running loop stops taking in new requests as soon as a pause is asked for, so the
+        wait is at most the longest reply in flight. Re-entrant on the same thread. Requests
+        keep queueing and run when the block exits.
         """
-        with self._lock:
+        with self._pause_count_lock:
+            self._pause_requests += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._pause_count_lock:
+                self._pause_requests -= 1
+        try:
             yield
+        finally:
+            self._lock.release()
 
     @contextlib.contextmanager
     def update_weights(self) -> Iterator[int]:
@@ -200,17 +217,20 @@ class TransformersBackend:
 
         Yields the version the new weights will be served as.
         """
-        with self._lock:
+        with self.paused():
             yield self._version + 1
             self._version += 1
 
     def stats(self) -> dict[str, int]:
-        """Counters since start: batches run, requests served, prompt and completion tokens."""
+        """Counters since start: ``batches`` (sampling loops started), ``requests``,
+        ``prompt_tokens``, ``completion_tokens``, ``steps`` (forward passes) and
+        ``row_steps`` (rows carried, summed over steps: ``row_steps / steps`` is the mean
+        batch occupancy)."""
         return dict(self._stats)
 
     def set_policy_version(self, version: int) -> None:
         """Set the served version (e.g. when resuming from a checkpoint). Waits for the batch."""
-        with self._lock:
+        with self.paused():
             self._version = int(version)
 
     # ------------------------------------------------------------------ worker
@@ -261,7 +281,7 @@ class TransformersBackend:
                     for job in jobs:
                         if not job.future.done():
                             job.future.set_exception(BackendError(f"generation failed: {e}"))
-            if stop:
+            if stop or self._stopping:
                 return
 
     def _prepare(self, job: _Job, context: int) -> Row | None:
@@ -323,10 +343,36 @@ class TransformersBackend:
                 ids.update(int(v) for v in value)
         return frozenset(ids)
 
+    def _admit(self, free: int, context: int, owners: dict[int, _Job]) -> list[Row]:
+        """Up to ``free`` waiting requests as rows, without waiting; none while a pause is
+        requested or the backend is stopping (so a running loop drains and lets go)."""
+        rows: list[Row] = []
+        while len(rows) < free and not self._pause_requests and not self._stopping:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                self._stopping = True
+                break
+            if not item.future.set_running_or_notify_cancel():
+                continue
+            row = self._prepare(item, context)
+            if row is not None:
+                owners[id(row)] = item
+                rows.append(row)
+        self._count(rows)
+        return rows
+
+    def _count(self, rows: list[Row]) -> None:
+        self._stats["requests"] += len(rows)
+        self._stats["prompt_tokens"] += sum(len(r.prompt_ids) for r in rows)
+
     def _run_batch(self, jobs: list[_Job]) -> None:
+        """Generate for ``jobs`` and for whatever arrives while they run, under the lock."""
         import torch
 
-        from boltrl_trainer._sampling import generate_rows
+        from boltrl_trainer._sampling import Sampler
 
         with self._lock:
             model, version = self._model, self._version
@@ -350,28 +396,32 @@ class TransformersBackend:
             pad_id = self.tokenizer.pad_token_id
             if pad_id is None:
                 pad_id = min(eos_ids) if eos_ids else 0
-
             self._stats["batches"] += 1
-            self._stats["requests"] += len(rows)
-            self._stats["prompt_tokens"] += sum(len(r.prompt_ids) for r in rows)
+            self._count(rows)
 
             def finish(row: Row) -> None:
                 self._stats["completion_tokens"] += len(row.ids)
-                job = owners[id(row)]
+                job = owners.pop(id(row))
                 job.future.set_result(self._reply(job, row, version, eos_ids))
 
+            sampler = Sampler(
+                model,
+                pad_id=pad_id,
+                eos_ids=eos_ids,
+                decode=self._decode,
+                on_finish=finish,
+                generator=self._generator,
+                stats=self._stats,
+            )
             was_training = model.training
             model.eval()
             try:
-                generate_rows(
-                    model,
-                    rows,
-                    pad_id=pad_id,
-                    eos_ids=eos_ids,
-                    decode=self._decode,
-                    on_finish=finish,
-                    generator=self._generator,
-                )
+                sampler.run(rows, lambda free: self._admit(free, context, owners), self.max_batch)
+            except Exception as e:
+                log.exception("generation failed")
+                for job in owners.values():
+                    if not job.future.done():
+                        job.future.set_exception(BackendError(f"generation failed: {e}"))
             finally:
                 model.train(was_training)
 
