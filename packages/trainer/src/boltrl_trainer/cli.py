@@ -42,3 +42,6 @@ def _model_run(args: argparse.Namespace) -> int:
 def register(commands: Any) -> None:
     """Add the trainer's commands to the ``boltrl`` CLI table."""
     commands.add("model", "prepare models for the in-process backend", _model_arguments, _model_run)
+    from boltrl_trainer import cli_train
+
+    cli_train.register(commands)

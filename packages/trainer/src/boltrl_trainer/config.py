@@ -1,0 +1,206 @@
+"""``boltrl train`` / ``boltrl eval`` configuration: one YAML file, validated in one place.
+
+Every field is documented where it is declared; a bad value is rejected with an error
+that names the field (``grpo.clip_low: must be > 0``) before anything starts.
+Command-line overrides use dotted keys: ``--set steps=4 --set grpo.group_size=8``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from boltrl.errors import InvalidInput
+
+
+class _Cfg(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TasksConfig(_Cfg):
+    """Where tasks come from. Each source is a JSONL/JSON file of task inputs (objects),
+    or ``module:function`` / ``file.py:function`` returning a list of them."""
+
+    train: str | None = None
+    """Training tasks (required for ``boltrl train``)."""
+    val: str | None = None
+    """Held-out tasks evaluated every ``val_every`` steps at temperature 0."""
+    test: str | None = None
+    """Test tasks, only used by ``boltrl eval``."""
+    limit_val: int | None = Field(default=None, ge=1)
+    """Use only the first N validation tasks (keeps validation cheap on CPU)."""
+
+
+class LoraConfig(_Cfg):
+    """LoRA adapters (via peft) instead of a full fine-tune."""
+
+    r: int = Field(default=16, ge=1)
+    """Rank."""
+    alpha: int = Field(default=32, ge=1)
+    """Scaling numerator (scale = alpha / r)."""
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ]
+    )
+    """Module names to adapt (attention and MLP projections by default)."""
+
+
+class OptimConfig(_Cfg):
+    """AdamW and the micro-batching of the update."""
+
+    lr: float = Field(default=1e-4, gt=0)
+    """Learning rate."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = Field(default=1.0, gt=0)
+    """Max global gradient norm."""
+    token_budget: int = Field(default=4096, ge=64)
+    """Max (padded) tokens per micro-batch; bounds memory, not results."""
+    epochs: int = Field(default=1, ge=1)
+    """Passes over each step's batch (>1 makes the PPO clip matter)."""
+
+
+class TrainConfig(_Cfg):
+    """Everything ``boltrl train`` and ``boltrl eval`` need."""
+
+    agent: str
+    """The agent: ``module:function`` or ``file.py:function`` (relative to the config file)."""
+    tasks: TasksConfig = Field(default_factory=TasksConfig)
+    model: str = "smollm2"
+    """Model: ``smollm2`` (the default SmolLM2-135M-Instruct), a local path, or a hub name."""
+    backend: Literal["torch", "verl"] = "torch"
+    """Training backend: ``torch`` (one process, CPU or one GPU) or ``verl`` (multi-GPU)."""
+    device: str = "auto"
+    """``auto`` (cuda if available, else cpu), ``cpu`` or ``cuda[:N]``."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    algorithm: Literal["grpo", "rloo", "reinforce"] = "grpo"
+    algo: dict[str, Any] = Field(default_factory=dict)
+    """Settings of the chosen algorithm (see ``boltrl_trainer.algorithms``)."""
+    credit: dict[str, Any] = Field(default_factory=lambda: {"mode": "final"})
+    """Credit assignment (``boltrl.credit.CreditConfig``): mode, gamma, agents, merge_prefix."""
+    steps: int = Field(default=10, ge=0)
+    """Training steps."""
+    batch_tasks: int = Field(default=8, ge=1)
+    """Distinct tasks per step."""
+    group_size: int = Field(default=4, ge=1)
+    """Rollouts per task per step (the GRPO group)."""
+    concurrency: int = Field(default=8, ge=1)
+    """Rollouts run at once by the in-process runners."""
+    temperature: float = Field(default=1.0, ge=0)
+    """Sampling temperature for training rollouts (validation uses 0)."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    max_tokens: int = Field(default=64, ge=1)
+    """Max new tokens per model call."""
+    rollout_timeout_s: float | None = Field(default=300.0, gt=0)
+    """Wall-clock budget of one rollout; a hung agent is abandoned."""
+    max_attempts: int = Field(default=2, ge=1)
+    lora: LoraConfig | None = Field(default_factory=LoraConfig)
+    """LoRA settings; null for a full fine-tune."""
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    val_every: int = Field(default=5, ge=0)
+    """Validate every N steps (0: only before and after training)."""
+    checkpoint_every: int = Field(default=0, ge=0)
+    """Checkpoint every N steps (0: only at the end)."""
+    out_dir: str = "runs/boltrl"
+    """Where metrics, checkpoints, the plot and (by default) the store go."""
+    store: str | None = None
+    """Store URL; default ``sqlite:///{out_dir}/store.db``."""
+    seed: int = 0
+    progress: bool = True
+    """Show a live progress bar."""
+
+    @property
+    def store_url(self) -> str:
+        return self.store or f"sqlite:///{Path(self.out_dir) / 'store.db'}"
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    cur = data
+    for p in parts[:-1]:
+        nxt = cur.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise InvalidInput(f"--set {key}: {p!r} is not a section")
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+def _format_errors(e: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field (check the spelling; see boltrl_trainer.config)"
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    *,
+    data: dict[str, Any] | None = None,
+) -> TrainConfig:
+    """Read a YAML config (or ``data``), apply ``key=value`` overrides (values parsed as
+    YAML), resolve relative paths against the config file, and validate.
+
+    Raises ``InvalidInput`` whose message lists every bad field by name.
+    """
+    raw: dict[str, Any] = dict(data or {})
+    base = Path.cwd()
+    source = "(inline)"
+    if path is not None:
+        p = Path(path)
+        source = str(p)
+        if not p.is_file():
+            raise InvalidInput(f"config file {p} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise InvalidInput(f"config file {p} is not valid YAML: {e}") from e
+        if not isinstance(loaded, dict):
+            raise InvalidInput(f"config file {p} must hold a mapping of settings")
+        raw = {**loaded, **raw}
+        base = p.resolve().parent
+    for item in overrides or []:
+        if "=" not in item:
+            raise InvalidInput(f"override {item!r} must look like key=value")
+        k, _, v = item.partition("=")
+        _set_dotted(raw, k.strip(), yaml.safe_load(v))
+    try:
+        cfg = TrainConfig.model_validate(raw)
+    except ValidationError as e:
+        raise InvalidInput(_format_errors(e, source)) from None
+    return _resolve_paths(cfg, base)
+
+
+def _resolve(value: str | None, base: Path) -> str | None:
+    if value is None:
+        return None
+    head = value.split(":", 1)[0]
+    if head.endswith((".py", ".jsonl", ".json")) and not Path(head).is_absolute():
+        return str(base / value)
+    return value
+
+
+def _resolve_paths(cfg: TrainConfig, base: Path) -> TrainConfig:
+    tasks = cfg.tasks.model_copy(
+        update={
+            "train": _resolve(cfg.tasks.train, base),
+            "val": _resolve(cfg.tasks.val, base),
+            "test": _resolve(cfg.tasks.test, base),
+        }
+    )
+    return cfg.model_copy(update={"agent": _resolve(cfg.agent, base), "tasks": tasks})

@@ -1,0 +1,209 @@
+"""A rollout session: store + gateway + in-process runners around one backend.
+
+Both ``boltrl train`` and ``boltrl eval`` run their tasks through this: tasks are
+enqueued into the store, the session's runners call the user's agent with an ``LLM``
+scoped to the rollout, the agent's model calls go through a real gateway on 127.0.0.1
+to the backend, and the finished rollouts come back from the store.
+
+The trainer, not the agent, decides how the policy samples: ``PhaseSampling`` wraps the
+backend and forces the phase's settings (temperature, top_p, max_tokens cap) on every
+call of a rollout, so an agent that hard-codes its own temperature cannot silently make
+training sample from a different distribution than the one the trainer assumes, and
+validation is greedy whatever the agent asks for.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from boltrl.gateway import Gateway
+from boltrl.gateway.backend import Backend, Generation, GenerationRequest
+from boltrl.records import Resources, Rollout, RolloutStatus, Task
+from boltrl.runner import AgentFn, Runner
+from boltrl.store.base import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings the session forces on a phase's calls."""
+
+    temperature: float
+    top_p: float = 1.0
+    max_tokens: int = 64
+
+
+class PhaseSampling:
+    """A Backend wrapper that applies per-rollout sampling settings (see module doc)."""
+
+    def __init__(self, inner: Backend, default: Sampling) -> None:
+        self.inner = inner
+        self.default = default
+        self._by_rollout: dict[str, Sampling] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def model_name(self) -> str:
+        return self.inner.model_name
+
+    @property
+    def policy_version(self) -> int:
+        return self.inner.policy_version
+
+    def assign(self, rollout_ids: Sequence[str], sampling: Sampling) -> None:
+        with self._lock:
+            for rid in rollout_ids:
+                self._by_rollout[rid] = sampling
+
+    def forget(self, rollout_ids: Sequence[str]) -> None:
+        with self._lock:
+            for rid in rollout_ids:
+                self._by_rollout.pop(rid, None)
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        with self._lock:
+            s = self._by_rollout.get(request.rollout_id or "", self.default)
+        cap = min(request.max_tokens or s.max_tokens, s.max_tokens)
+        forced = request.model_copy(
+            update={"temperature": s.temperature, "top_p": s.top_p, "max_tokens": cap}
+        )
+        return await self.inner.generate(forced)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class Progress:
+    """A one-line live progress bar on stderr (plain text when not a terminal)."""
+
+    def __init__(self, label: str, total: int, *, enabled: bool = True) -> None:
+        self.label = label
+        self.total = total
+        self.enabled = enabled
+        self.started = time.monotonic()
+        self._tty = sys.stderr.isatty()
+        self._last = -1.0
+
+    def update(self, done: int, extra: str = "", *, final: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not final and not self._tty and now - self._last < 5.0:
+            return  # a log file gets a line every 5 s, not a redraw per tick
+        self._last = now
+        width = 24
+        filled = int(width * done / max(self.total, 1))
+        bar = "#" * filled + "-" * (width - filled)
+        line = f"{self.label} [{bar}] {done}/{self.total} {now - self.started:5.1f}s {extra}"
+        if self._tty:
+            sys.stderr.write("\r" + line.ljust(100) + ("\n" if final else ""))
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+class RolloutSession:
+    """Runs tasks through ``agent`` against ``backend``; start with ``with``.
+
+    Not thread-safe: one ``run`` at a time (the trainer's loop).
+    """
+
+    def __init__(
+        self,
+        agent: AgentFn,
+        backend: Backend,
+        store: Store,
+        *,
+        concurrency: int,
+        default_sampling: Sampling,
+        timeout_s: float | None = None,
+        max_attempts: int = 2,
+        progress: bool = True,
+    ) -> None:
+        self.backend = PhaseSampling(backend, default_sampling)
+        self.store = store
+        self.agent = agent
+        self.concurrency = concurrency
+        self.timeout_s = timeout_s
+        self.max_attempts = max_attempts
+        self.progress = progress
+        self.gateway = Gateway(self.backend, store)
+        self.runner = Runner(agent, store, concurrency=concurrency, claim_wait_s=1.0)
+
+    def __enter__(self) -> RolloutSession:
+        self.gateway.start()
+        self.publish()
+        self.runner.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.runner.stop(drain=False)
+        self.runner.join(10.0)
+        self.gateway.stop()
+
+    def publish(self) -> None:
+        """Tell runners (ours and any remote ones) where the model is and its version."""
+        self.store.publish_resources(
+            Resources(
+                gateway_url=self.gateway.url,
+                model=self.backend.model_name,
+                policy_version=self.backend.policy_version,
+            )
+        )
+
+    def run(
+        self,
+        tasks: Sequence[Task],
+        sampling: Sampling,
+        *,
+        label: str,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> list[Rollout]:
+        """Enqueue ``tasks`` (one rollout each), wait for all, return them in order."""
+        ids = self.store.enqueue(tasks, max_attempts=self.max_attempts, timeout_s=self.timeout_s)
+        self.backend.assign(ids, sampling)
+        bar = Progress(label, len(ids), enabled=self.progress)
+        base = self.runner.stats.succeeded + self.runner.stats.failed
+        stop = threading.Event()
+
+        def tick() -> None:  # progress from the runner's counters: no store round trips
+            while not stop.wait(0.5):
+                done = self.runner.stats.succeeded + self.runner.stats.failed - base
+                bar.update(min(done, len(ids)))
+                if on_progress is not None:
+                    on_progress(done)
+
+        ticker = threading.Thread(target=tick, name="boltrl-progress", daemon=True)
+        ticker.start()
+        try:
+            while True:  # one blocking wait, woken by the store when all are terminal
+                out = self.store.wait(ids, timeout_s=600.0)
+                if all(r.status.terminal for r in out):
+                    break
+        finally:
+            stop.set()
+            ticker.join()
+            self.backend.forget(ids)
+        rewards = [r.reward or 0.0 for r in out if r.status == RolloutStatus.SUCCEEDED]
+        mean = sum(rewards) / len(rewards) if rewards else 0.0
+        bar.update(len(ids), f"reward {mean:.3f}", final=True)
+        return out
+
+
+def tag_tasks(
+    tasks: Sequence[Task], *, run: str, step: int, phase: str, repeat: int = 1
+) -> list[Task]:
+    """Copies of ``tasks`` (each ``repeat`` times: a GRPO group) tagged for the dashboard."""
+    out = []
+    for t in tasks:
+        meta: dict[str, Any] = {**t.metadata, "run": run, "step": step, "phase": phase}
+        tagged = t.model_copy(update={"metadata": meta, "split": t.split or phase})
+        out.extend([tagged] * repeat)
+    return out
