@@ -1,0 +1,218 @@
+"""Helpers of the AutoGen adapter tests: a rollout normalized for whole-record
+comparison, and the records a ScriptedBackend call must produce."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from boltrl.gateway.backend import GenerationRequest
+from boltrl.records import Rollout
+from boltrl.testing import SCRIPTED_LOGPROB, TEMPLATE_HASH, render_prompt, render_reply
+
+JSON = dict[str, Any]
+AS_CALL: Any = object()
+"""Default of ``annotation``'s fields: take the value from the call."""
+
+
+class Labels:
+    """Stable names for ids that differ run to run: ``call-0``…, ``span-0``…"""
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+        self._counts: dict[str, int] = {}
+
+    def new(self, value: str, kind: str) -> str:
+        if value not in self.names:
+            n = self._counts.get(kind, 0)
+            self._counts[kind] = n + 1
+            self.names[value] = f"{kind}-{n}"
+        return self.names[value]
+
+    def ref(self, value: str | None) -> str | None:
+        """The label of a call id already seen, else a ``span-N`` label."""
+        if value is None:
+            return None
+        return self.names.get(value) or self.new(value, "span")
+
+
+def _timed(rec: JSON) -> JSON:
+    assert 0 < rec["started_at"] <= rec["ended_at"], rec
+    return rec | {"started_at": 0.0, "ended_at": 0.0}
+
+
+def normalize(ro: Rollout) -> JSON:
+    """The rollout with its run-to-run variation (ids, times, store order) replaced by
+    labels, every other field kept."""
+    lab = Labels()
+    for c in ro.calls:
+        lab.new(c.id, "call")
+    fixed = {"rollout_id": "ro", "seq": 0}
+    calls = [
+        _timed(c.model_dump()) | fixed | {"id": lab.names[c.id], "parent_id": lab.ref(c.parent_id)}
+        for c in ro.calls
+    ]
+    anns = [
+        a.model_dump(exclude={"id"})
+        | fixed
+        | {
+            "call_id": lab.ref(a.call_id),
+            "span_id": lab.ref(a.span_id),
+            "parent_id": lab.ref(a.parent_id),
+        }
+        for a in ro.annotations
+    ]
+    tools = [
+        _timed(t.model_dump(exclude={"id"}))
+        | fixed
+        | {"parent_id": lab.ref(t.parent_id), "call_id": lab.ref(t.call_id)}
+        for t in ro.tool_steps
+    ]
+    rewards = []
+    for r in ro.rewards:
+        assert r.timestamp > 0
+        rewards.append(r.model_dump(exclude={"id"}) | fixed | {"timestamp": 0.0})
+    return {
+        "status": str(ro.status),
+        "reward": ro.reward,
+        "unjoined_calls": ro.unjoined_calls,
+        "calls": calls,
+        "annotations": anns,
+        "tool_steps": tools,
+        "rewards": rewards,
+    }
+
+
+def tool_call(call_id: str, name: str, arguments: str) -> JSON:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def reply(text: str | None, tool_calls: list[JSON] | None = None) -> JSON:
+    """The recorded response of a scripted reply."""
+    message: JSON = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {"message": message, "finish_reason": "tool_calls" if tool_calls else "stop"}
+
+
+def call(
+    label: str,
+    *,
+    agent: str | None,
+    parent: str | None,
+    messages: list[JSON],
+    response: JSON,
+    tools: list[JSON] | None = None,
+    stream: bool = False,
+) -> JSON:
+    """The normalized ``LLMCall`` a ScriptedBackend call is recorded (and joined) as."""
+    request: JSON = {"api": "chat.completions", "model": "scripted", "messages": messages}
+    if tools is not None:
+        request["tools"] = tools
+        request["tool_choice"] = "auto"
+    if stream:
+        request["stream"] = True
+    prompt = render_prompt(GenerationRequest(messages=messages, tools=tools)).encode()
+    msg = response["message"]
+    out = render_reply(msg["content"], msg.get("tool_calls") or []).encode()
+    return {
+        "kind": "llm_call",
+        "seq": 0,
+        "id": label,
+        "rollout_id": "ro",
+        "attempt": 1,
+        "agent": agent,
+        "parent_id": parent,
+        "request": request,
+        "response": response,
+        "prompt_token_ids": list(prompt),
+        "response_token_ids": list(out),
+        "response_logprobs": [SCRIPTED_LOGPROB] * len(out),
+        "policy_version": 0,
+        "template_hash": TEMPLATE_HASH,
+        "model": "scripted",
+        "usage": {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(out),
+            "total_tokens": len(prompt) + len(out),
+        },
+        "started_at": 0.0,
+        "ended_at": 0.0,
+        "status": "ok",
+        "error": None,
+        "cached": False,
+    }
+
+
+def annotation(
+    c: JSON,
+    *,
+    span: str,
+    index: int,
+    call_id: str | None,
+    framework: str,
+    messages: Any = AS_CALL,
+    response: Any = AS_CALL,
+) -> JSON:
+    """The normalized annotation an adapter records for the call ``c`` (as built by
+    ``call``): unless told otherwise, its request messages and its response message."""
+    return {
+        "kind": "call_annotation",
+        "seq": 0,
+        "rollout_id": "ro",
+        "attempt": 1,
+        "call_id": call_id,
+        "span_id": span,
+        "parent_id": c["parent_id"],
+        "agent": c["agent"],
+        "framework": framework,
+        "request_messages": c["request"]["messages"] if messages is AS_CALL else messages,
+        "response": {"message": c["response"]["message"]} if response is AS_CALL else response,
+        "cached": False,
+        "index": index,
+    }
+
+
+def tool_step(
+    name: str,
+    arguments: Any,
+    *,
+    index: int,
+    result: Any = None,
+    error: str | None = None,
+    parent: str | None,
+    call_id: str | None,
+    tool_call_id: str | None,
+    agent: str | None,
+) -> JSON:
+    return {
+        "kind": "tool_step",
+        "seq": 0,
+        "rollout_id": "ro",
+        "attempt": 1,
+        "name": name,
+        "arguments": arguments,
+        "result": result,
+        "error": error,
+        "parent_id": parent,
+        "call_id": call_id,
+        "tool_call_id": tool_call_id,
+        "agent": agent,
+        "started_at": 0.0,
+        "ended_at": 0.0,
+        "index": index,
+    }
+
+
+def reward(value: float, *, index: int) -> JSON:
+    return {
+        "kind": "reward",
+        "seq": 0,
+        "rollout_id": "ro",
+        "attempt": 1,
+        "value": value,
+        "name": "reward",
+        "call_id": None,
+        "index": index,
+        "timestamp": 0.0,
+        "final": False,
+    }
