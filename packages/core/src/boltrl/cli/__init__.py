@@ -2,8 +2,8 @@
 
 Commands are registered in a table (name → help, argument builder, handler). Core
 registers its own; installed packages add theirs through the ``boltrl.cli`` entry-point
-group (a callable taking the ``Commands`` table), and may replace a core command (the
-trainer replaces the store-only ``demo`` with the real training demo).
+group (a callable taking the ``Commands`` table): the trainer adds ``train``, ``eval``,
+``demo`` and ``model``. A plugin may replace a core command by registering its name.
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ _CORE_MODULES = (
     "boltrl.cli.store_cmd",
     "boltrl.cli.gateway_cmd",
     "boltrl.cli.runner_cmd",
-    "boltrl.cli.demo_cmd",
     "boltrl.cli.dashboard_cmd",
     "boltrl.cli.export_cmd",
 )
@@ -57,13 +56,7 @@ _CORE_MODULES = (
 def build_commands() -> Commands:
     commands = Commands()
     for mod in _CORE_MODULES:
-        try:
-            module = importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name != mod:
-                raise
-            continue  # not built yet
-        module.register(commands)
+        importlib.import_module(mod).register(commands)
     for ep in importlib.metadata.entry_points(group="boltrl.cli"):
         try:
             ep.load()(commands)
