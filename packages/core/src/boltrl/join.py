@@ -27,7 +27,7 @@ def _text(content: Any) -> str:
                 parts.append(str(p.get("text", p.get("content", ""))))
             else:
                 parts.append(str(p))
-        return "".join(parts)
+        return "\n".join(parts)  # as the gateway (and vLLM) join text parts
     return str(content)
 
 

@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if not args.verbose:  # one INFO line per HTTP request drowns what matters
-        for noisy in ("httpx", "httpcore", "uvicorn.access"):
+        for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "uvicorn.access"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
     if not getattr(args, "_run", None):
         parser.print_help()
