@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,9 @@ def fill(store: Store, kind: str) -> Filled:
 
 
 @pytest.fixture(scope="module", params=["memory", "sqlite"])
-def filled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Filled]:
+def filled(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Filled]:
     if request.param == "memory":
         store = open_store("memory://")
     else:
@@ -71,6 +74,7 @@ class Served:
         return resp.json()
 
 
+@contextmanager
 def serve(store: Any, **kw: Any) -> Iterator[Served]:
     app = create_dashboard_app(store, poll_s=0.1, **kw)
     server = RunningServer(app)
@@ -85,7 +89,8 @@ def serve(store: Any, **kw: Any) -> Iterator[Served]:
 
 @pytest.fixture(scope="module")
 def served(filled: Filled) -> Iterator[Served]:
-    yield from serve(filled.store)
+    with serve(filled.store) as srv:
+        yield srv
 
 
 # -- browser ----------------------------------------------------------------------------

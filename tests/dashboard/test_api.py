@@ -26,8 +26,7 @@ def expected_steps(run: str) -> list[dict[str, Any]]:
                 continue
             failed = 1 if phase == "train" and step >= 1 else 0
             rewards = [
-                0.1 * step + 0.05 * k + (0.2 if phase == "val" else 0.0)
-                for k in range(failed, per)
+                0.1 * step + 0.05 * k + (0.2 if phase == "val" else 0.0) for k in range(failed, per)
             ]
             mean = statistics.fmean(rewards)
             row: dict[str, Any] = {"phase": phase, "step": step, "n": len(rewards)}
@@ -207,7 +206,10 @@ def test_detail_tree_follows_the_call_tree(served: Served, filled: Filled) -> No
         {"role": "user", "content": "What is 2+2? (#0)"},
     ]
     assert call["transition"] == {
-        "step": 1, "reward": 1.0, "done": False, "merged_calls": 1,
+        "step": 1,
+        "reward": 1.0,
+        "done": False,
+        "merged_calls": 1,
         "action_tokens": call["call"]["response_tokens"],
     }
     assert call["children"][0]["tool"] == {
@@ -219,11 +221,16 @@ def test_detail_tree_follows_the_call_tree(served: Served, filled: Filled) -> No
         "tool_call_id": "call_1_0",
     }
     assert call["children"][1]["reward"] == {
-        "value": 0.25, "name": "tool_ok", "final": False, "call_id": ask,
+        "value": 0.25,
+        "name": "tool_ok",
+        "final": False,
+        "call_id": ask,
     }
     assert solver["children"][1]["call"]["response"]["content"] == f"The answer is 4. {XSS}"
     assert (d["reward"], d["status"], d["counts"]) == (
-        1.0, "succeeded", {"calls": 4, "tool_steps": 1, "rewards": 1},
+        1.0,
+        "succeeded",
+        {"calls": 4, "tool_steps": 1, "rewards": 1},
     )
     assert d["credit"] == {"mode": "final", "gamma": 1.0, "error": None}
 
@@ -286,7 +293,10 @@ def test_tokens_without_a_decoder_are_ids(served: Served, filled: Filled) -> Non
     call = rollout.calls[0]
     d = served.get(f"/api/rollouts/{rollout.id}/calls/{call.id}/tokens")
     assert (d["ids"], d["logprobs"], d["pieces"], d["decoded_by"]) == (
-        [5, 6, 7], [-0.1, -1.5, -3.0], None, "none",
+        [5, 6, 7],
+        [-0.1, -1.5, -3.0],
+        None,
+        "none",
     )
 
 

@@ -129,6 +129,12 @@ def _otlp(args: argparse.Namespace, source: Source, filters: Filters) -> int:
         print(
             f"boltrl export: {follower.exported} rollouts sent to {exporter.endpoint}", flush=True
         )
+        if follower.pending and not args.follow:
+            print(
+                f"boltrl export: {follower.pending} rollouts not sent: {follower.last_error}",
+                file=sys.stderr,
+            )
+            return 1
         if not args.follow:
             return 0
         print("boltrl export: following; Ctrl-C stops", flush=True)

@@ -79,14 +79,12 @@ def build_tree(rollout: Rollout) -> list[Node]:
         if not parent:
             return root
         target = alias.get(parent, parent)
-        if target in nodes and target != child.id:
-            if nodes[target].attempt == child.attempt and nodes[target].kind in (
-                "call",
-                "tool",
-                "span",
-            ):
-                return target
+        if target == child.id:
             return root
+        if target in nodes:
+            found = nodes[target]
+            same = found.attempt == child.attempt and found.kind in ("call", "tool", "span")
+            return target if same else root
         span_id = f"span:{child.attempt}:{parent}"
         if span_id not in nodes:
             nodes[span_id] = Node(
@@ -132,22 +130,27 @@ def _break_cycles(nodes: dict[str, Node]) -> None:
 
 
 def _settle(node: Node) -> tuple[int, float, float]:
-    """Sort children by write order; spans and attempts take their subtree's extent."""
-    spans = [_settle(c) for c in node.children]
+    """Sort children by write order; spans and attempts take their subtree's extent.
+
+    Returns the subtree's (first seq, first start, last end), zeros left out.
+    """
+    subtree = [_settle(c) for c in node.children]
     node.children.sort(key=lambda c: (c.seq, c.start))
-    if node.kind in ("span", "attempt") and spans:
-        seqs = [s for s, _, _ in spans if s > 0]
-        starts = [a for _, a, _ in spans if a > 0]
-        ends = [b for _, _, b in spans if b > 0]
-        if node.kind == "span":
-            node.seq = min(seqs, default=node.seq)
-            if starts:
-                node.start = min(starts)
-            if ends:
-                node.end = max(ends)
-        else:
-            node.start = node.start or min(starts, default=0.0)
-            node.end = max([node.end, *ends])
-        if node.kind == "span" and node.agent is None:
+    seqs = [s for s, _, _ in subtree if s > 0]
+    starts = [a for _, a, _ in subtree if a > 0]
+    ends = [b for _, _, b in subtree if b > 0]
+    if node.kind == "span":
+        node.seq = min(seqs, default=node.seq)
+        node.start = min(starts, default=node.start)
+        node.end = max(ends, default=node.end)
+        if node.agent is None:
             node.agent = next((c.agent for c in node.children if c.agent), None)
-    return node.seq, node.start, node.end
+    elif node.kind == "attempt":
+        node.start = node.start or min(starts, default=0.0)
+        node.end = max([node.end, *ends])
+    own = [node.seq] if node.seq > 0 else []
+    return (
+        min([*own, *seqs], default=0),
+        min([x for x in (node.start,) if x > 0] + starts, default=0.0),
+        max([node.end, *ends]),
+    )

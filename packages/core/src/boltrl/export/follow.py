@@ -66,11 +66,17 @@ class OtlpFollower:
         self.poll_s = poll_s
         self.exported = 0
         """Rollouts exported so far."""
+        self.last_error: str | None = None
         self._pending: list[HeadInfo] = []
         self._tracker = Tracker(source, on_finished=self._collect, report_existing=existing)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+
+    @property
+    def pending(self) -> int:
+        """Finished rollouts not exported yet (the endpoint refused them)."""
+        return len(self._pending)
 
     def _collect(self, heads: list[HeadInfo]) -> None:
         self._pending += heads
@@ -87,6 +93,7 @@ class OtlpFollower:
             try:
                 self.exporter.export(rollouts_of(self.source, chunk))
             except BoltrlError as e:
+                self.last_error = str(e)
                 log.warning("OTLP export of %d rollouts failed (%s); will retry", len(chunk), e)
                 self._pending = (todo[i:] + self._pending)[:_MAX_PENDING]
                 break

@@ -111,13 +111,13 @@ function label(node) {
     const c = node.call;
     const calls = (c.response.tool_calls || []).map((tc) => (tc.function || tc).name);
     const text = content(c.response.content).replace(/\s+/g, " ").slice(0, 140);
-    return [node.agent ? h("span", { class: "agent" }, node.agent) : null,
+    return [node.agent ? [h("span", { class: "agent" }, node.agent), " "] : null,
       calls.length ? `→ ${calls.join(", ")}` : text || c.finish_reason || c.status];
   }
-  if (node.tool) return [node.agent ? h("span", { class: "agent" }, node.agent) : null, node.tool.name,
+  if (node.tool) return [node.agent ? [h("span", { class: "agent" }, node.agent), " "] : null, node.tool.name,
     node.tool.error ? " (error)" : ""];
   if (node.reward) return [`${node.reward.name} = ${fmt.num(node.reward.value)}`, node.reward.final ? " (final)" : ""];
-  if (node.kind === "span") return [h("span", { class: "agent" }, node.agent || "span"), "agent turn"];
+  if (node.kind === "span") return [h("span", { class: "agent" }, node.agent || "span"), " agent turn"];
   return [`attempt ${node.attempt}`];
 }
 
