@@ -14,10 +14,20 @@ from typing import Any
 JSON = dict[str, Any]
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def jsonable(value: Any) -> Any:
     """``value`` as JSON-serializable data: itself when it already is, else its
     ``model_dump()`` / ``toDict()`` (pydantic, DSPy objects) or ``str()``."""
-    if value is None or isinstance(value, str | int | float | bool):
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is dict:  # exact types first: no ABC checks on the hot path (messages)
+        return {k if type(k) is str else str(k): jsonable(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [jsonable(v) for v in value]
+    if isinstance(value, str | int | float | bool):
         return value
     if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}
@@ -46,14 +56,39 @@ def request_messages(inputs: Mapping[str, Any]) -> list[JSON] | None:
     return None
 
 
+_DATA_ATTRS = frozenset({"history", "callbacks", "traces", "train", "demos", "lm"})
+"""Module attributes that hold data, never sub-modules (``history`` grows with every
+call: DSPy's own ``named_sub_modules`` walks it, which costs milliseconds)."""
+
+
 def module_paths(root: Any) -> dict[int, str]:
-    """``id(module) → path`` for every module under ``root``, as DSPy names them in
-    ``named_predictors()`` (``react``, ``extract.predict``); the root itself is named
-    by its class (``ReAct``), or ``Predict`` for a bare predictor."""
-    out: dict[int, str] = {}
-    for name, module in root.named_sub_modules():
-        path = name.removeprefix("self").removeprefix(".")
-        out.setdefault(id(module), path or type(module).__name__)
+    """``id(module) → path`` for every module under ``root``, named as DSPy names them
+    in ``named_predictors()`` (``react``, ``extract.predict``, ``agents[0]``); the root
+    itself is named by its class (``ReAct``, or ``Predict`` for a bare predictor)."""
+    from dspy.primitives.base_module import BaseModule
+
+    out = {id(root): type(root).__name__}
+    queue: list[tuple[Any, str]] = [(root, "")]
+
+    def visit(value: Any, path: str, depth: int) -> None:
+        if isinstance(value, BaseModule):
+            if id(value) not in out:
+                out[id(value)] = path
+                queue.append((value, path + "."))
+        elif depth < 2 and isinstance(value, list | tuple):
+            for i, item in enumerate(value[:256]):
+                visit(item, f"{path}[{i}]", depth + 1)
+        elif depth < 2 and isinstance(value, dict):
+            for i, (key, item) in enumerate(value.items()):
+                if i >= 256:
+                    break
+                visit(item, f"{path}[{key}]", depth + 1)
+
+    while queue:
+        module, prefix = queue.pop()
+        for name, value in vars(module).items():
+            if name not in _DATA_ATTRS:
+                visit(value, prefix + name, 0)
     return out
 
 
@@ -90,7 +125,9 @@ def _first_choice(response: Any) -> Any:
 
 
 def _get(obj: Any, key: str) -> Any:
-    return obj.get(key) if isinstance(obj, Mapping) else getattr(obj, key, None)
+    if type(obj) is dict or (not hasattr(obj, key) and isinstance(obj, Mapping)):
+        return obj.get(key)
+    return getattr(obj, key, None)
 
 
 def response_id(entry: Mapping[str, Any] | None) -> str | None:

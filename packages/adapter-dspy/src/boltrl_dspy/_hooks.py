@@ -84,11 +84,21 @@ class _Caller:
 class _Frame:
     """A running module."""
 
-    path: str | None
+    path: str
     parent: _Frame | None
-    names: dict[int, str]
-    """``id(module) → path`` under the root module of this call tree."""
+    module: Any
+    root: _Frame | None = None
+    """The outermost running module of this call tree (None: this is it)."""
+    names: dict[int, str] | None = None
+    """The root's ``id(module) → path`` map, built on first need (a bare predictor
+    making its own LM calls never needs it)."""
     last_call: _Caller | None = None
+
+    def child_path(self, module: Any) -> str:
+        root = self.root or self
+        if root.names is None:
+            root.names = _field(cv.module_paths, root.module) or {}
+        return root.names.get(id(module)) or type(module).__name__
 
 
 @dataclass(slots=True)
@@ -141,12 +151,11 @@ class BoltrlCallback(BaseCallback):  # type: ignore[misc]  # dspy ships no type 
             frames = self._open.frames
             parent = frames.get(ACTIVE_CALL_ID.get() or "")
             if parent is None:
-                names = _field(cv.module_paths, instance) or {}
-                path = names.get(id(instance)) or type(instance).__name__
+                frame = _Frame(type(instance).__name__, None, instance)
             else:
-                names = parent.names
-                path = names.get(id(instance)) or type(instance).__name__
-            frames[call_id] = _Frame(path=path, parent=parent, names=names)
+                path = parent.child_path(instance)
+                frame = _Frame(path, parent, instance, root=parent.root or parent)
+            frames[call_id] = frame
             if len(frames) > _MAX_OPEN:
                 self._evict(frames)
         except Exception:
@@ -205,6 +214,7 @@ class BoltrlCallback(BaseCallback):  # type: ignore[misc]  # dspy ships no type 
             rid, cached = None, False
             response = {"error": _field(cv.error_text, error)}
         ann = CallAnnotation(
+            id=f"ann-{span_id}",
             call_id=rid,
             span_id=span_id,
             parent_id=call.parent_id,
@@ -269,6 +279,7 @@ class BoltrlCallback(BaseCallback):  # type: ignore[misc]  # dspy ships no type 
             frame = tool.frame
             who = frame.last_call if frame is not None else None
             step = ToolStep(
+                id=f"tool-{call_id}",
                 name=tool.name,
                 arguments=tool.arguments,
                 result=None if exception is not None else _field(cv.jsonable, outputs),

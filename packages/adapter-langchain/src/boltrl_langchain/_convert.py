@@ -27,21 +27,32 @@ _ROLES = {
 }
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def jsonable(value: Any) -> Any:
     """``value`` as JSON-serializable data: itself when it already is, else its
     ``model_dump()`` (pydantic) or ``str()``."""
-    if value is None or isinstance(value, str | int | float | bool):
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is dict:  # exact types first: no ABC checks on the hot path (messages)
+        return {k if type(k) is str else str(k): jsonable(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [jsonable(v) for v in value]
+    if isinstance(value, str | int | float | bool):
         return value
     if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [jsonable(v) for v in value]
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        try:
-            return jsonable(dump(mode="json"))
-        except Exception:
-            pass
+    for method in ("model_dump",):
+        dump = getattr(value, method, None)
+        if callable(dump):
+            try:
+                return jsonable(dump())
+            except Exception:
+                pass
     return str(value)
 
 

@@ -252,6 +252,7 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
             call_id, cached = None, False
             response = {"error": _field(cv.error_text, error)}
         ann = CallAnnotation(
+            id=f"ann-{span_id}",  # the run id: unique, and a retried write stays one record
             call_id=call_id,
             span_id=span_id,
             parent_id=call.parent_id,
@@ -337,7 +338,7 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
             return
         try:
             result = _field(cv.tool_result, output)
-            self._close_tool(tool, result, None, _field(cv.tool_call_id_of, output))
+            self._close_tool(run_id, tool, result, None, _field(cv.tool_call_id_of, output))
         except Exception:
             _failed("on_tool_end")
 
@@ -353,12 +354,17 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
         if tool is None:
             return
         try:
-            self._close_tool(tool, None, _field(cv.error_text, error), None)
+            self._close_tool(run_id, tool, None, _field(cv.error_text, error), None)
         except Exception:
             _failed("on_tool_error")
 
     def _close_tool(
-        self, tool: _OpenTool, result: Any, error: str | None, tool_call_id: str | None
+        self,
+        run_id: UUID,
+        tool: _OpenTool,
+        result: Any,
+        error: str | None,
+        tool_call_id: str | None,
     ) -> None:
         tcid = tool.tool_call_id or tool_call_id
         who = self._requester(tool.ctx, tcid)
@@ -366,6 +372,7 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
         # integration exposed one, else its run id (the join maps run ids to call ids).
         parent = (who.call_id or who.span_id) if who is not None else tool.parent_id
         step = ToolStep(
+            id=f"tool-{run_id}",
             name=tool.name,
             arguments=tool.arguments,
             result=result,
