@@ -1,0 +1,211 @@
+"""Adapter overhead: what each framework's boltrl callback adds to one model call.
+
+Each framework has one function below that builds the same agent step (one model call,
+the way an agent of that framework makes it) twice: without and with the framework's
+boltrl callback. The harness runs both inside one real rollout (``boltrl.run_rollout``
+on a ``ScriptedBackend`` served by the gateway on 127.0.0.1), alternating them call by
+call (the order flipped every pair), and times each call in the agent's thread: wall
+time, and the thread's CPU time (``time.thread_time``), which leaves out the gateway's
+work and the waiting. The overhead is the median over pairs of CPU(with) - CPU(without):
+pairing cancels the machine's load swings, which on a shared machine are ten times the
+overhead itself, and the median ignores the odd garbage collection. A third arm with a
+do-nothing callback of the SDK's own base class shows what the SDK itself charges for
+dispatching to a callback; the rest is the boltrl callback's own work.
+
+To add a framework: write ``def bench_<name>(llm) -> Arms`` (build the agent; return
+its step without the callback, with it, and with a do-nothing callback of the SDK's own
+base class), register it in ``FRAMEWORKS`` with the scripted reply its calls get.
+
+    uv run python benchmarks/adapter_overhead.py [--frameworks langchain,dspy]
+        [--pairs 300] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from boltrl.local import run_rollout
+from boltrl.records import LLM
+from boltrl.testing import ScriptedBackend
+
+Step = Callable[[int], None]
+"""One model call of the agent (``i``: the call's number, to vary the prompt)."""
+
+
+@dataclass(frozen=True)
+class Arms:
+    """The same agent step three ways."""
+
+    without: Step
+    """No callback at all."""
+    with_callback: Step
+    """With the framework's boltrl callback."""
+    noop_callback: Step | None = None
+    """With a callback of the SDK's own base class that does nothing: what the SDK
+    charges for dispatching to any callback (the floor under ours)."""
+
+
+SYSTEM = "You are a careful assistant. Answer briefly and cite the tool results you used."
+QUESTION = "What is the weather in Paris tomorrow, and should I take an umbrella? (#{i})"
+REPLY = "Sunny, 24 degrees; no umbrella needed."
+
+
+# -- LangChain ---------------------------------------------------------------------------
+
+
+def bench_langchain(llm: LLM) -> Arms:
+    """``ChatOpenAI.invoke`` on a system + user prompt (``config={"callbacks": [...]}``)."""
+    from langchain_core.callbacks import BaseCallbackHandler
+    from langchain_openai import ChatOpenAI
+
+    from boltrl_langchain import BoltrlCallbackHandler
+
+    model = ChatOpenAI(base_url=llm.base_url, api_key=llm.api_key, model=llm.model)  # type: ignore[arg-type]
+    handler = BoltrlCallbackHandler()
+
+    def make(callbacks: list[Any]) -> Step:
+        config: Any = {"callbacks": callbacks}
+
+        def step(i: int) -> None:
+            model.invoke([("system", SYSTEM), ("user", QUESTION.format(i=i))], config=config)
+
+        return step
+
+    noop = BaseCallbackHandler()
+    noop.run_inline = True
+    return Arms(make([]), make([handler]), make([noop]))
+
+
+# -- DSPy --------------------------------------------------------------------------------
+
+
+def bench_dspy(llm: LLM) -> Arms:
+    """``dspy.Predict("question -> answer")`` (ChatAdapter prompt, ``cache=False``)."""
+    import dspy
+    from dspy.utils.callback import BaseCallback
+
+    from boltrl_dspy import BoltrlCallback
+
+    lm = dspy.LM(f"openai/{llm.model}", api_base=llm.base_url, api_key=llm.api_key, cache=False)
+    predict = dspy.Predict("question -> answer")
+    callback = BoltrlCallback()
+
+    def make(callbacks: list[Any]) -> Step:
+        def step(i: int) -> None:
+            with dspy.context(lm=lm, callbacks=callbacks):
+                predict(question=QUESTION.format(i=i))
+
+        return step
+
+    return Arms(make([]), make([callback]), make([BaseCallback()]))
+
+
+DSPY_REPLY = f"[[ ## answer ## ]]\n{REPLY}\n\n[[ ## completed ## ]]"
+
+
+FRAMEWORKS: dict[str, tuple[Callable[[LLM], Arms | tuple[Step, Step]], str]] = {
+    "langchain": (bench_langchain, REPLY),
+    "dspy": (bench_dspy, DSPY_REPLY),
+}
+"""name → (the function building the steps, the scripted reply their calls get). A
+function may return ``(without, with_callback)`` instead of ``Arms``."""
+
+
+# -- harness -----------------------------------------------------------------------------
+
+WARMUP = 5
+
+
+def measure(name: str, pairs: int) -> dict[str, Any]:
+    """Run each arm ``pairs`` times, interleaved, in one rollout; µs per call."""
+    build, reply = FRAMEWORKS[name]
+    cpu: dict[str, list[float]] = {}
+    wall: dict[str, list[float]] = {}
+
+    def agent(task: dict[str, Any], llm: LLM) -> float:
+        built = build(llm)
+        a = built if isinstance(built, Arms) else Arms(*built)
+        arms = {"without": a.without, "with": a.with_callback}
+        if a.noop_callback is not None:
+            arms["noop"] = a.noop_callback
+        order = list(arms)
+        for i in range(WARMUP):  # connections, lazy imports, first-call caches
+            for step in arms.values():
+                step(-1 - i)
+        for i in range(pairs):
+            for arm in order if i % 2 else order[::-1]:
+                w, c = time.perf_counter(), time.thread_time()
+                arms[arm](i)
+                cpu.setdefault(arm, []).append((time.thread_time() - c) * 1e6)
+                wall.setdefault(arm, []).append((time.perf_counter() - w) * 1e6)
+        return 1.0
+
+    ro = run_rollout(agent, {}, backend=ScriptedBackend([reply]))
+    if ro.error is not None:
+        raise RuntimeError(f"the benchmark agent failed:\n{ro.error}")
+    if len(ro.annotations) != pairs + WARMUP or ro.unjoined_calls:
+        raise RuntimeError(
+            f"{name}: {len(ro.annotations)} annotations for {pairs + WARMUP} calls "
+            f"with the callback, {ro.unjoined_calls} unjoined"
+        )
+    med = statistics.median
+
+    def over(arm: str) -> int | None:
+        if arm not in cpu:
+            return None
+        return round(med([b - a for a, b in zip(cpu["without"], cpu[arm], strict=True)]))
+
+    return {
+        "framework": name,
+        "pairs": pairs,
+        "wall_us_without": round(med(wall["without"])),
+        "wall_us_with": round(med(wall["with"])),
+        "cpu_us_without": round(med(cpu["without"])),
+        "cpu_us_with": round(med(cpu["with"])),
+        "overhead_us": over("with"),
+        "noop_overhead_us": over("noop"),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--frameworks", default=",".join(FRAMEWORKS), help="comma-separated names")
+    p.add_argument("--pairs", type=int, default=300, help="calls without + with the callback")
+    p.add_argument("--json", help="also write the figures to this file")
+    args = p.parse_args()
+    # offline: DSPy would otherwise try to refresh its model metadata on the first call
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    os.environ.setdefault("DSPY_CACHEDIR", tempfile.mkdtemp(prefix="boltrl-bench-dspy-"))
+    names = [n.strip() for n in args.frameworks.split(",") if n.strip()]
+    unknown = [n for n in names if n not in FRAMEWORKS]
+    if unknown:
+        sys.exit(f"--frameworks: unknown {unknown}; known: {sorted(FRAMEWORKS)}")
+    rows = []
+    print("| framework | wall µs/call (without / with) | CPU µs/call (without / with) "
+          "| overhead µs/call | SDK's no-op callback µs/call |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|")
+    for name in names:
+        r = measure(name, args.pairs)
+        rows.append(r)
+        print(
+            f"| {name} | {r['wall_us_without']:,} / {r['wall_us_with']:,} | "
+            f"{r['cpu_us_without']:,} / {r['cpu_us_with']:,} | "
+            f"{r['overhead_us']:,} | {r['noop_overhead_us']} |",
+            flush=True,
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
