@@ -18,6 +18,7 @@ kept.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import sys
@@ -95,6 +96,11 @@ class _State:
     asked_by: dict[str, tuple[str | None, str]] = field(default_factory=dict)
     """Tool-call id → (response id if known, annotation span id) of the call that asked."""
 
+
+_SPAN_PREFIX = f"autogen-{uuid.uuid4().hex[:16]}-"
+_span_numbers = itertools.count()
+"""AutoGen has no span ids: each annotation gets a process-unique one, so tool steps can
+name the streamed call that asked for them before its response id is known."""
 
 _STACK_DEPTH = 60
 _AGENT_FRAMES = frozenset({"_call_llm"})
@@ -184,7 +190,7 @@ class BoltrlEventHandler(logging.Handler):
         messages: list[JSON] | None,
         message: JSON | None,
     ) -> None:
-        span_id = f"autogen-{uuid.uuid4().hex}"
+        span_id = f"{_SPAN_PREFIX}{next(_span_numbers)}"
         ctx.add(
             CallAnnotation(
                 call_id=call_id,

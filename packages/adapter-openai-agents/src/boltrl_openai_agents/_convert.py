@@ -80,8 +80,9 @@ def content_text(content: Any) -> str | None:
     if isinstance(content, Iterable):
         texts = []
         for part in content:
-            p = as_dict(part)
-            text = p.get("text", p.get("refusal"))
+            text = get(part, "text")
+            if text is None:
+                text = get(part, "refusal")
             if isinstance(text, str):
                 texts.append(text)
         return "\n".join(texts)
@@ -165,15 +166,16 @@ def output_message(items: Sequence[Any] | None) -> JSON:
     """Responses API output items as one assistant chat message."""
     texts: list[str] = []
     calls: list[JSON] = []
-    for raw in items or ():
-        item = as_dict(raw)
-        kind = item.get("type")
+    for item in items or ():
+        kind = get(item, "type")
         if kind == "message":
-            text = content_text(item.get("content"))
+            text = content_text(get(item, "content"))
             if text:
                 texts.append(text)
         elif kind == "function_call":
-            calls.append(_tool_call(item.get("call_id"), item.get("name"), item.get("arguments")))
+            calls.append(
+                _tool_call(get(item, "call_id"), get(item, "name"), get(item, "arguments"))
+            )
     out: JSON = {"role": "assistant", "content": "".join(texts) if texts else None}
     if calls:
         out["tool_calls"] = calls
