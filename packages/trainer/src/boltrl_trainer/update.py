@@ -157,12 +157,25 @@ class TorchTrainingBackend:
         }
 
     def _logprobs(self, x: dict[str, Any], temperature: float) -> torch.Tensor:
-        out = self.model(input_ids=x["ids"], attention_mask=x["attn"], use_cache=False)
-        logits = out.logits  # [B, S, V]
-        v = logits.shape[-1]
-        # only the rows that predict action tokens: [B, A, V]
-        picked = logits.gather(1, x["pos"][:, :, None].expand(-1, -1, v))
-        return token_logprobs(picked, x["targets"], temperature)
+        # Run the decoder, then the LM head only where an action token is predicted: the
+        # head (576 x 49152 on SmolLM2) over every prompt position would cost more than
+        # the decoder itself. LoRA layers live inside the decoder, so this trains them.
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        cfg = base.config
+        if getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None):
+            # models that post-process logits in forward(): take the plain path
+            logits = self.model(
+                input_ids=x["ids"], attention_mask=x["attn"], use_cache=False
+            ).logits
+            v = logits.shape[-1]
+            picked_logits = logits.gather(1, x["pos"][:, :, None].expand(-1, -1, v))
+            return token_logprobs(picked_logits, x["targets"], temperature)
+        decoder, head = base.get_decoder(), base.get_output_embeddings()
+        hidden = decoder(input_ids=x["ids"], attention_mask=x["attn"], use_cache=False)
+        h = hidden.last_hidden_state  # [B, S, H]
+        picked = h.gather(1, x["pos"][:, :, None].expand(-1, -1, h.shape[-1]))  # [B, A, H]
+        logits = head(picked)  # [B, A, V]
+        return token_logprobs(logits, x["targets"], temperature)
 
     def update(self, batch: TrainBatch) -> tuple[dict[str, float], int]:
         """One optimizer step per epoch over the batch; returns (metrics, new version)."""
