@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from boltrl.errors import InvalidInput
+from boltrl_trainer.verl.settings import VerlConfig
 
 
 class _Cfg(BaseModel):
@@ -81,6 +82,9 @@ class TrainConfig(_Cfg):
     """Model: ``smollm2`` (the default SmolLM2-135M-Instruct), a local path, or a hub name."""
     backend: Literal["torch", "verl"] = "torch"
     """Training backend: ``torch`` (one process, CPU or one GPU) or ``verl`` (multi-GPU)."""
+    verl: VerlConfig | None = None
+    """Settings of the verl backend (``boltrl_trainer.verl.settings``); only with
+    ``backend: verl``."""
     device: str = "auto"
     """``auto`` (cuda if available, else cpu), ``cpu`` or ``cuda[:N]``."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -183,6 +187,10 @@ def load_config(
         cfg = TrainConfig.model_validate(raw)
     except ValidationError as e:
         raise InvalidInput(_format_errors(e, source)) from None
+    if cfg.backend == "verl" or cfg.verl is not None:
+        from boltrl_trainer.verl.config import raise_if_invalid
+
+        raise_if_invalid(cfg, source)
     return _resolve_paths(cfg, base)
 
 
