@@ -263,3 +263,33 @@ def test_missing_extra_says_what_to_install(monkeypatch: pytest.MonkeyPatch, cap
 )
 def test_traces_endpoint(given: str, expected: str) -> None:
     assert traces_endpoint(given) == expected
+
+
+def test_store_serve_exports_live(receiver: Receiver) -> None:
+    import subprocess
+
+    from boltrl.store import HttpStore
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "boltrl.cli", "store", "serve", "--db", "memory://",
+         "--port", "0", "--otlp", receiver.url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().split(" on ")[1].split()[0]
+        with HttpStore(url) as store:
+            [rid] = store.enqueue([Task(id="served", input={})])
+            att = store.claim("w")
+            assert att is not None
+            store.finish(att, "succeeded", reward=1.0)
+            deadline = time.monotonic() + 10
+            while not receiver.spans and time.monotonic() < deadline:
+                time.sleep(0.05)
+        [root] = [s for s in receiver.spans if s.name == "rollout"]
+        assert root.attributes["boltrl.rollout.id"] == rid
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -41,6 +41,13 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         choices=["NORMAL", "FULL"],
         help="SQLite fsync policy: NORMAL survives process crashes, FULL also power loss",
     )
+    serve.add_argument(
+        "--otlp",
+        metavar="ENDPOINT",
+        default=None,
+        help="export each rollout as an OpenTelemetry trace to this OTLP/HTTP endpoint when "
+        "it finishes (needs boltrl[otel])",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -59,6 +66,17 @@ def _run(args: argparse.Namespace) -> int:
         print(f"boltrl store serve: {e}", file=sys.stderr)
         return 2
 
+    follower = None
+    try:
+        if args.otlp:  # live OpenTelemetry export (boltrl.export)
+            from boltrl.export.follow import follow_store
+
+            follower = follow_store(store, args.otlp)
+    except BoltrlError as e:
+        print(f"boltrl store serve: {e}", file=sys.stderr)
+        store.close()
+        return 2
+
     def ready(url: str) -> None:
         auth = " (token required)" if args.token else ""
         print(f"boltrl store: serving {args.db} on {url}{auth}", flush=True)
@@ -69,5 +87,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"boltrl store serve: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 1
     finally:
+        if follower is not None:
+            follower.stop()
         store.close()
     return 0

@@ -12,6 +12,7 @@ from boltrl.dashboard.stats import Tracker
 from boltrl.errors import BoltrlError, NotFound
 from boltrl.export.otlp import OtlpExporter
 from boltrl.records import Rollout
+from boltrl.store.base import Store
 
 log = logging.getLogger(__name__)
 
@@ -127,3 +128,11 @@ class OtlpFollower:
         if not self._closed:
             self._closed = True
             self.exporter.close()
+
+
+def follow_store(store: Store, endpoint: str) -> OtlpFollower:
+    """Start exporting each rollout of ``store`` that finishes from now on (what ``boltrl
+    store serve --otlp`` runs); ``stop()`` it before closing the store."""
+    from boltrl.dashboard.source import source_for
+
+    return OtlpFollower(source_for(store), endpoint).start()
