@@ -67,7 +67,8 @@ def lm_for(llm: LLM, **kw: Any) -> dspy.LM:
 
 
 def solver_agent(task: JSON, llm: LLM) -> float:
-    with dspy.context(lm=lm_for(llm), callbacks=[BoltrlCallback()]):
+    lm = lm_for(llm, engine=task.get("engine", "auto"))
+    with dspy.context(lm=lm, callbacks=[BoltrlCallback()]):
         out = Solver()(question=task["q"])
     assert out.verdict == "correct"
     boltrl.emit_reward(0.5)
@@ -150,14 +151,17 @@ def test_react_with_a_tool_and_a_second_predictor() -> None:
 
 
 def twice_agent(task: JSON, llm: LLM) -> float:
-    with dspy.context(lm=lm_for(llm, cache=task["cache"]), callbacks=[BoltrlCallback()]):
+    lm = lm_for(llm, cache=task["cache"], engine=task.get("engine", "auto"))
+    with dspy.context(lm=lm, callbacks=[BoltrlCallback()]):
         Solver()(question="2+3?")
         Solver()(question="2+3?")  # same prompts: from DSPy's cache unless cache=False
     return 1.0
 
 
-def test_cached_calls_are_recorded_cached_not_unjoined_not_trained() -> None:
-    ro = boltrl.run_rollout(twice_agent, {"cache": True}, backend=ScriptedBackend(SCRIPT))
+@pytest.mark.parametrize("engine", ["auto", "litellm"])  # DSPy's native lm15 engine, LiteLLM
+def test_cached_calls_are_recorded_cached_not_unjoined_not_trained(engine: str) -> None:
+    task = {"cache": True, "engine": engine}
+    ro = boltrl.run_rollout(twice_agent, task, backend=ScriptedBackend(SCRIPT))
     assert ro.error is None
     calls = expected_calls("2+3?", ["run-0", "run-1", "run-2", "run-3"])
     anns = [
@@ -193,7 +197,8 @@ def test_cached_calls_are_recorded_cached_not_unjoined_not_trained() -> None:
     assert [t.call_ids for t in boltrl.transitions(ro)] == [[c.id] for c in ro.calls]
 
     # a later rollout answered wholly from the cache: nothing reached the gateway
-    ro = boltrl.run_rollout(solver_agent, {"q": "2+3?"}, backend=ScriptedBackend(SCRIPT))
+    task = {"q": "2+3?", "engine": engine}
+    ro = boltrl.run_rollout(solver_agent, task, backend=ScriptedBackend(SCRIPT))
     assert (ro.calls, ro.unjoined_calls, boltrl.transitions(ro)) == ([], 0, [])
     assert [a.cached for a in ro.annotations] == [True] * 4
     assert [a.agent for a in ro.annotations] == [c["agent"] for c in calls]
