@@ -167,3 +167,37 @@ def test_import_stays_light() -> None:
     code = "import sys, boltrl_trainer; boltrl_trainer.resolve_model; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_cli_model_serve(tiny_model_path: Path) -> None:
+    """`boltrl model serve PATH` serves the model over the gateway until interrupted."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    import openai
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "boltrl.cli", "model", "serve", str(tiny_model_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = ""
+        for line in proc.stdout:
+            if line.startswith("boltrl serving"):
+                break
+        match = re.search(r"on (http://127\.0\.0\.1:\d+)/v1 ", line)
+        assert match, line
+        llm = openai.OpenAI(base_url=f"{match[1]}/v1", api_key="x", max_retries=0, timeout=60)
+        r = llm.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+        assert r.model == str(tiny_model_path) and r.usage and r.usage.completion_tokens == 3
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "stopped" in out
