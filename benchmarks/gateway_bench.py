@@ -169,15 +169,22 @@ async def direct(total: int) -> list[float]:
 
 
 # --------------------------------------------------------------------------- TransformersBackend
-# HOOK (TransformersBackend batching figure): the trainer package's colleague adds here
-# the tokens/s of TransformersBackend with dynamic batching vs one request at a time at
-# 8 concurrent agents on SmolLM2 (see benchmarks/backend_bench.py), behind its own flag
-# so this script keeps running without torch. Return rows for the printed report.
+# TransformersBackend tokens/s with dynamic batching vs one request at a time, at 8
+# concurrent agents on SmolLM2: measured by benchmarks/backend_bench.py, run from here with
+# --transformers (off by default, so this script keeps running without torch).
 
 
 def transformers_batching(args: argparse.Namespace) -> dict[str, Any] | None:
-    """Not measured here yet (see the HOOK comment above)."""
-    return None
+    """``backend_bench.run`` with its defaults (8 agents x 2 turns x 32 tokens) when asked."""
+    if not args.transformers:
+        return None
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import backend_bench
+
+    bench = argparse.ArgumentParser()
+    backend_bench.add_arguments(bench)
+    result: dict[str, Any] = backend_bench.run(bench.parse_args(["--repeat", str(args.repeat)]))
+    return result
 
 
 # --------------------------------------------------------------------------- main
@@ -200,6 +207,11 @@ def main() -> None:
         choices=["memory", "sqlite"],
         default="memory",
         help="store of the recorded route (sqlite: a fresh file in a temporary folder)",
+    )
+    p.add_argument(
+        "--transformers",
+        action="store_true",
+        help="also measure TransformersBackend batching (needs torch; see backend_bench.py)",
     )
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--child-store", help=argparse.SUPPRESS)
