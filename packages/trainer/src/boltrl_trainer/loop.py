@@ -16,7 +16,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from boltrl.credit import CreditConfig, MissingTokenIds, transitions
 from boltrl.errors import InvalidInput
@@ -29,6 +29,9 @@ from boltrl_trainer.metrics import MetricsWriter, plot_rewards
 from boltrl_trainer.session import RolloutSession, Sampling, tag_tasks
 from boltrl_trainer.tasks import load_tasks
 from boltrl_trainer.update import TorchTrainingBackend, TrainBatch, apply_lora
+
+if TYPE_CHECKING:
+    from boltrl_trainer.verl.backend import VerlTrainingBackend
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +88,10 @@ class Trainer:
     """One ``boltrl train`` run. Use ``Trainer(cfg).run(resume=...)``."""
 
     def __init__(self, cfg: TrainConfig, *, run_name: str | None = None) -> None:
-        if cfg.backend != "torch":
-            raise InvalidInput(
-                f"backend: {cfg.backend!r} is not available in this trainer; use 'torch'"
-            )
+        if cfg.backend == "verl":
+            from boltrl_trainer.verl import require_verl
+
+            require_verl()  # says how to install verl and vLLM when they are missing
         if cfg.tasks.train is None:
             raise InvalidInput("tasks.train: required for training (a .jsonl file or module:fn)")
         if cfg.steps > 0 and not cfg.temperature > 0:
@@ -120,26 +123,34 @@ class Trainer:
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         t0 = time.perf_counter()
-        model, tok = load_policy(cfg)
-        backend = TransformersBackend(
-            model,
-            tok,
-            max_batch=max(cfg.concurrency, 1),
-            batch_window_s=0.02,
-            max_tokens=cfg.max_tokens,
-            model_name="policy",
-            seed=cfg.seed,
-        )
-        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        trainer = TorchTrainingBackend(model, self.algo, cfg.optim, pad_id=int(pad))
+        backend: Any
+        trainer: TorchTrainingBackend | VerlTrainingBackend
+        if cfg.backend == "verl":  # verl's FSDP actor on Ray; its vLLM servers serve rollouts
+            from boltrl_trainer.verl.backend import build_verl
+
+            backend, trainer = build_verl(cfg)
+        else:
+            model, tok = load_policy(cfg)
+            backend = TransformersBackend(
+                model,
+                tok,
+                max_batch=max(cfg.concurrency, 1),
+                batch_window_s=0.02,
+                max_tokens=cfg.max_tokens,
+                model_name="policy",
+                seed=cfg.seed,
+            )
+            pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+            trainer = TorchTrainingBackend(model, self.algo, cfg.optim, pad_id=int(pad))
         store = open_store(cfg.store_url)
         start_step, history = 0, list[tuple[int, float]]()
         if resume:
             start_step, history = self._resume(trainer, backend, store)
+        n_params = sum(p.numel() for p in getattr(trainer, "params", []))  # none for verl
         log.info(
-            "model ready in %.1fs (%d trainable params)",
+            "model ready in %.1fs (%s)",
             time.perf_counter() - t0,
-            sum(p.numel() for p in trainer.params),
+            f"{n_params} trainable params" if n_params else f"backend {cfg.backend}",
         )
         metrics = MetricsWriter(self.out)
         train_sampling = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens)
@@ -182,7 +193,7 @@ class Trainer:
         self,
         session: RolloutSession,
         backend: Any,
-        trainer: TorchTrainingBackend,
+        trainer: TorchTrainingBackend | VerlTrainingBackend,
         step: int,
         metrics: MetricsWriter,
         sampling: Sampling,
@@ -291,7 +302,10 @@ class Trainer:
     # -- checkpoints ----------------------------------------------------------------
 
     def _checkpoint(
-        self, trainer: TorchTrainingBackend, step: int, history: list[tuple[int, float]]
+        self,
+        trainer: TorchTrainingBackend | VerlTrainingBackend,
+        step: int,
+        history: list[tuple[int, float]],
     ) -> Path:
         final = self.out / "checkpoints" / f"step-{step:06d}"
         tmp = final.with_name(final.name + ".tmp")
@@ -312,7 +326,7 @@ class Trainer:
         return final
 
     def _resume(
-        self, trainer: TorchTrainingBackend, backend: Any, store: Any
+        self, trainer: TorchTrainingBackend | VerlTrainingBackend, backend: Any, store: Any
     ) -> tuple[int, list[tuple[int, float]]]:
         latest = self.out / "checkpoints" / "latest"
         if not latest.is_file():

@@ -150,7 +150,6 @@ class VerlTrainingBackend:
 
     def update(self, batch: TrainBatch) -> tuple[dict[str, float], int]:
         """One PPO update (``optim.epochs`` passes, one mini-batch each) and a weight sync."""
-        import torch
         from omegaconf import open_dict
         from verl.utils.metric import reduce_metrics
 
@@ -166,6 +165,7 @@ class VerlTrainingBackend:
             normalization=self.algo.loss_normalization,
             temperature=batch.temperature,
         )
+        self._check_lengths(vb.tensors["attention_mask"])
         data = to_dataproto(vb)
         trainer = self.trainer
         metrics: dict[str, float] = {}
@@ -175,16 +175,7 @@ class VerlTrainingBackend:
             trainer._balance_batch(data, metrics=balance)
             metrics.update({f"verl/{k}": float(v) for k, v in balance.items()})
         data.meta_info["global_token_num"] = data.batch["attention_mask"].sum(-1).tolist()
-        if self.vcfg.old_logprobs == "rollout":
-            data.batch["old_log_probs"] = data.batch["rollout_log_probs"].clone()
-        else:
-            old, _ = trainer._compute_old_log_prob(data)
-            entropy = old.batch.pop("entropys")
-            mask = data.batch["response_mask"].to(torch.float32)
-            metrics["update/entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
-            data = data.union(old)
-            gap = (data.batch["old_log_probs"] - data.batch["rollout_log_probs"]).abs()
-            metrics["update/logprob_mismatch"] = float((gap * mask).sum() / mask.sum().clamp(min=1))
+        data = self._old_logprobs(data, metrics)
         if trainer.use_reference_policy:
             data = data.union(trainer._compute_ref_log_prob(data))
         if not own_advantages:
@@ -201,6 +192,35 @@ class VerlTrainingBackend:
         metrics["update/tokens"] = float(vb.tensors["response_mask"].sum())
         metrics["time/update_s"] = time.perf_counter() - t0
         return metrics, self._version
+
+    def _old_logprobs(self, data: Any, metrics: dict[str, float]) -> Any:
+        """``old_log_probs``: the sampler's, or recomputed by the actor (then also the
+        entropy and the sampler/trainer logprob gap, as the torch backend reports)."""
+        import torch
+
+        if self.vcfg.old_logprobs == "rollout":
+            data.batch["old_log_probs"] = data.batch["rollout_log_probs"].clone()
+            return data
+        old, _ = self.trainer._compute_old_log_prob(data)
+        entropy = old.batch.pop("entropys")
+        data = data.union(old)
+        mask = data.batch["response_mask"].to(torch.float32)
+        tokens = mask.sum().clamp(min=1)
+        gap = (data.batch["old_log_probs"] - data.batch["rollout_log_probs"]).abs()
+        metrics["update/entropy"] = float((entropy * mask).sum() / tokens)
+        metrics["update/logprob_mismatch"] = float((gap * mask).sum() / tokens)
+        return data
+
+    def _check_lengths(self, attention_mask: Any) -> None:
+        """Packing by tokens cannot split a sequence: refuse one longer than the budget
+        here, by name, rather than fail inside a Ray worker."""
+        longest = int(attention_mask.sum(-1).max())
+        if self.vcfg.micro_batch_size_per_gpu is None and longest > self.cfg.optim.token_budget:
+            raise InvalidInput(
+                f"optim.token_budget: {self.cfg.optim.token_budget} tokens per GPU cannot hold "
+                f"a {longest}-token transition (prompt + response); raise it to at least "
+                f"{longest}, or set verl.micro_batch_size_per_gpu"
+            )
 
     def _verl_advantages(self, data: Any) -> Any:
         """verl's estimator on the rewards at each response's last token, by ``uid``; then
