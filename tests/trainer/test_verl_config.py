@@ -60,6 +60,7 @@ def test_a_full_config_maps_onto_verl_keys() -> None:
             "strategy": "fsdp2",
             "param_offload": True,
             "enforce_eager": True,
+            "tool_call_parser": "hermes",
             "overrides": {"actor_rollout_ref.rollout.max_num_seqs": 512},
         },
     )
@@ -113,6 +114,7 @@ def test_a_full_config_maps_onto_verl_keys() -> None:
         f"{r}.calculate_log_probs": True,
         f"{r}.agent.num_workers": 1,
         f"{r}.max_num_seqs": 512,
+        f"{r}.engine_kwargs.vllm": {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"},
         f"{ref}.log_prob_use_dynamic_bsz": False,
         f"{ref}.log_prob_micro_batch_size_per_gpu": 2,
         f"{ref}.log_prob_max_token_len_per_gpu": 4096,

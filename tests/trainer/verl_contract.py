@@ -70,7 +70,12 @@ def check_config() -> None:
             "model": "Qwen/Qwen2.5-Coder-1.5B-Instruct",
             "dtype": "bfloat16",
             "algo": {"kl_coef": 0.01, "clip_eps_high": 0.28},
-            "verl": {"n_gpus_per_node": 8, "rollout_tp": 2, "micro_batch_size_per_gpu": 2},
+            "verl": {
+                "n_gpus_per_node": 8,
+                "rollout_tp": 2,
+                "micro_batch_size_per_gpu": 2,
+                "tool_call_parser": "hermes",
+            },
         }
     )
     config = compose_verl_config(verl_overrides(cfg))  # struct mode: every key exists
@@ -83,6 +88,10 @@ def check_config() -> None:
     assert actor.ppo_micro_batch_size_per_gpu == 2 and not actor.use_dynamic_bsz
     rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
     assert rollout.tensor_model_parallel_size == 2 and rollout.n == 1
+    assert rollout.engine_kwargs["vllm"] == {
+        "enable_auto_tool_choice": True,
+        "tool_call_parser": "hermes",
+    }
     assert config.actor_rollout_ref.model.lora.merge and config.actor_rollout_ref.model.lora_rank
     print("OK config composes, validates and converts to verl's dataclasses")
 

@@ -270,6 +270,14 @@ def verl_settings(cfg: TrainConfig) -> list[Setting]:
                 "optim.token_budget",
             ),
         ]
+    if v.tool_call_parser is not None:
+        out.append(
+            Setting(
+                f"{rollout}.engine_kwargs.vllm",
+                {"enable_auto_tool_choice": True, "tool_call_parser": v.tool_call_parser},
+                "verl.tool_call_parser",
+            )
+        )
     lora = cfg.lora
     out += [
         Setting(f"{arr}.model.lora_rank", lora.r if lora else 0, "lora.r"),

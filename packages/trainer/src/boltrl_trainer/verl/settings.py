@@ -48,6 +48,10 @@ class VerlConfig(BaseModel):
     """Recompute activations in the backward pass (less memory, ~30% more compute)."""
     enforce_eager: bool = False
     """Run vLLM without CUDA graphs (faster start, slower sampling)."""
+    tool_call_parser: str | None = None
+    """vLLM's parser of the model's tool calls (``hermes`` for Qwen2.5), for agents that
+    pass OpenAI ``tools``; None: vLLM serves without tool calling and refuses requests
+    that need it."""
     old_logprobs: Literal["recompute", "rollout"] = "recompute"
     """The PPO ratio's denominator. ``recompute``: the actor's logprobs of the batch
     before the update (verl's default; immune to vLLM/FSDP numeric differences, costs
