@@ -121,3 +121,6 @@ def _model_run(args: argparse.Namespace) -> int:
 def register(commands: Any) -> None:
     """Add the trainer's commands to the ``boltrl`` CLI table."""
     commands.add("model", "prepare and serve local models", _model_arguments, _model_run)
+    from boltrl_trainer import cli_train
+
+    cli_train.register(commands)
