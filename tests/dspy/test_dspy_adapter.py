@@ -7,6 +7,7 @@ compares the whole normalized rollout. The expected prompts are rendered by DSPy
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import warnings
 from typing import Any
@@ -49,6 +50,10 @@ class Solver(dspy.Module):
         answer = self.solve(question=question).answer
         return self.check(question=question, answer=answer)
 
+    async def aforward(self, question: str) -> dspy.Prediction:
+        answer = (await self.solve.acall(question=question)).answer
+        return await self.check.acall(question=question, answer=answer)
+
 
 def fields(**values: str) -> str:
     return "".join(f"[[ ## {k} ## ]]\n{v}\n\n" for k, v in values.items()) + "[[ ## completed ## ]]"
@@ -70,6 +75,14 @@ def solver_agent(task: JSON, llm: LLM) -> float:
     lm = lm_for(llm, engine=task.get("engine", "auto"))
     with dspy.context(lm=lm, callbacks=[BoltrlCallback()]):
         out = Solver()(question=task["q"])
+    assert out.verdict == "correct"
+    boltrl.emit_reward(0.5)
+    return 1.0
+
+
+async def async_solver_agent(task: JSON, llm: LLM) -> float:
+    with dspy.context(lm=lm_for(llm), callbacks=[BoltrlCallback()]):
+        out = await Solver().acall(question=task["q"])
     assert out.verdict == "correct"
     boltrl.emit_reward(0.5)
     return 1.0
@@ -130,8 +143,9 @@ def expected_tools(calls: list[str | None], parents: list[str]) -> list[JSON]:
     ]
 
 
-def test_react_with_a_tool_and_a_second_predictor() -> None:
-    ro = boltrl.run_rollout(solver_agent, {"q": "2+3?"}, backend=ScriptedBackend(SCRIPT))
+@pytest.mark.parametrize("agent", [solver_agent, async_solver_agent], ids=["sync", "async"])
+def test_react_with_a_tool_and_a_second_predictor(agent: Any) -> None:
+    ro = boltrl.run_rollout(agent, {"q": "2+3?"}, backend=ScriptedBackend(SCRIPT))
     assert ro.error is None
     calls = expected_calls("2+3?", ["run-0", "run-1", "run-2", "run-3"])
     assert normalize(ro) == {
@@ -147,6 +161,43 @@ def test_react_with_a_tool_and_a_second_predictor() -> None:
         ],
         "tool_steps": expected_tools(["call-0", "call-1"], ["call-0", "call-1"]),
         "rewards": [reward(0.5, index=6)],
+    }
+
+
+def streaming_agent(task: JSON, llm: LLM) -> float:
+    listener = dspy.streaming.StreamListener(signature_field_name="verdict")
+    with dspy.context(lm=lm_for(llm), callbacks=[BoltrlCallback()]):
+        program = dspy.streamify(Solver(), stream_listeners=[listener])
+
+        async def run() -> list[Any]:
+            return [chunk async for chunk in program(question=task["q"])]
+
+        chunks = asyncio.run(run())
+    assert chunks[-1].verdict == "correct"
+    assert [c.chunk for c in chunks if isinstance(c, dspy.streaming.StreamResponse)]
+    return 1.0
+
+
+def test_streamed_calls_are_captured_and_joined_by_content() -> None:
+    ro = boltrl.run_rollout(streaming_agent, {"q": "2+3?"}, backend=ScriptedBackend(SCRIPT))
+    assert ro.error is None
+    calls = expected_calls("2+3?", ["run-0", "run-1", "run-2", "run-3"])
+    # DSPy streams the LM call a listener watches (the checker's): no response id then
+    calls[3]["request"]["stream"] = True
+    call_ids = ["call-0", "call-1", "call-2", None]
+    assert normalize(ro) == {
+        "status": "succeeded",
+        "reward": 1.0,
+        "unjoined_calls": 0,
+        "calls": calls,
+        "annotations": [
+            annotation(
+                c, span=f"run-{4 + i}", index=[0, 2, 4, 5][i], call_id=call_ids[i], framework="dspy"
+            )
+            for i, c in enumerate(calls)
+        ],
+        "tool_steps": expected_tools(["call-0", "call-1"], ["call-0", "call-1"]),
+        "rewards": [],
     }
 
 
