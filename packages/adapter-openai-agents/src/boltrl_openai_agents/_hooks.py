@@ -19,6 +19,7 @@ Every field is extracted on its own, so an odd field is left empty and the rest 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ FRAMEWORK = "openai-agents"
 
 T = TypeVar("T")
 JSON = dict[str, Any]
+_UNKNOWN: Any = object()
 
 _stats_lock = threading.Lock()
 _stats = {"calls": 0, "tool_steps": 0, "failures": 0, "field_failures": 0}
@@ -56,6 +58,12 @@ def stats() -> dict[str, int]:
     that could not record; logged) and ``field_failures`` (one field left empty)."""
     with _stats_lock:
         return dict(_stats)
+
+
+def _new_id(prefix: str) -> str:
+    """``boltrl.records.new_id``'s format, without building a ``uuid.UUID`` (a few µs
+    per record on the agent's path)."""
+    return f"{prefix}-{os.urandom(16).hex()}"
 
 
 def _count(key: str) -> None:
@@ -119,6 +127,22 @@ class BoltrlTracingProcessor(TracingProcessor):
         self._spans: dict[str, _Open] = {}
         self._traces: dict[str, _Trace] = {}
         self._enabled = True
+        self._recorders: dict[type, Callable[[Span[Any], Any, _Open], None] | None] = {
+            GenerationSpanData: self._generation,
+            ResponseSpanData: self._response,
+            FunctionSpanData: self._function,
+            HandoffSpanData: self._handoff,
+        }
+
+    def _recorder_for(self, kind: type) -> Callable[[Span[Any], Any, _Open], None] | None:
+        """The recorder of a span-data type not seen before (a subclass, or one that
+        records nothing: None), remembered."""
+        found = next(
+            (fn for base, fn in list(self._recorders.items()) if fn and issubclass(kind, base)),
+            None,
+        )
+        self._recorders[kind] = found
+        return found
 
     # -- traces ---------------------------------------------------------------------
 
@@ -174,15 +198,11 @@ class BoltrlTracingProcessor(TracingProcessor):
             trace = self._traces.get(st.trace_id)
             if trace is not None:
                 trace.spans.discard(span.span_id)
-            data = span.span_data
-            if isinstance(data, GenerationSpanData):
-                self._generation(span, data, st)
-            elif isinstance(data, ResponseSpanData):
-                self._response(span, data, st)
-            elif isinstance(data, FunctionSpanData):
-                self._function(span, data, st)
-            elif isinstance(data, HandoffSpanData):
-                self._handoff(span, data, st)
+            recorder = self._recorders.get(type(span.span_data), _UNKNOWN)
+            if recorder is _UNKNOWN:
+                recorder = self._recorder_for(type(span.span_data))
+            if recorder is not None:
+                recorder(span, span.span_data, st)
         except Exception:
             _failed(f"recording a {type(span.span_data).__name__}")
 
@@ -205,6 +225,7 @@ class BoltrlTracingProcessor(TracingProcessor):
     ) -> None:
         st.ctx.add(
             CallAnnotation(
+                id=_new_id("ann"),
                 call_id=call_id,
                 span_id=span.span_id,
                 parent_id=st.agent_span_id,
@@ -249,6 +270,7 @@ class BoltrlTracingProcessor(TracingProcessor):
         call = st.parent.call if st.parent is not None else None
         st.ctx.add(
             ToolStep(
+                id=_new_id("tool"),
                 name=name,
                 arguments=arguments,
                 result=result,
