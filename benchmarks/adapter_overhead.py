@@ -140,9 +140,112 @@ def bench_dspy(llm: LLM) -> Arms:
 DSPY_REPLY = f"[[ ## answer ## ]]\n{REPLY}\n\n[[ ## completed ## ]]"
 
 
+# -- OpenAI Agents SDK -------------------------------------------------------------------
+
+
+def _bench_openai_agents(llm: LLM, *, responses: bool) -> Arms:
+    import asyncio
+
+    import agents
+    from agents import Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner
+    from agents.tracing import TracingProcessor
+    from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+
+    from boltrl_openai_agents import BoltrlTracingProcessor
+
+    class Noop(TracingProcessor):
+        def on_trace_start(self, trace: Any) -> None: ...
+        def on_trace_end(self, trace: Any) -> None: ...
+        def on_span_start(self, span: Any) -> None: ...
+        def on_span_end(self, span: Any) -> None: ...
+        def shutdown(self) -> None: ...
+        def force_flush(self) -> None: ...
+
+    loop = asyncio.new_event_loop()
+    # an explicit HTTP client: the default one schedules its own closing on whatever loop
+    # runs when it is collected, which is the next framework's
+    http = DefaultAsyncHttpxClient()
+    client = AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, http_client=http)
+    kind = OpenAIResponsesModel if responses else OpenAIChatCompletionsModel
+    agent = Agent(name="assistant", instructions=SYSTEM, model=kind(llm.model, client))
+
+    def make(processors: list[Any]) -> Step:
+        def step(i: int) -> None:
+            # Processors are global: each step installs its own list (no exporter in
+            # any), so every arm pays for the SDK's spans and only differs in processors.
+            agents.set_trace_processors(processors)
+            loop.run_until_complete(Runner.run(agent, QUESTION.format(i=i)))
+
+        return step
+
+    processor = BoltrlTracingProcessor()
+    return Arms(make([]), make([processor]), make([Noop()]), callback=processor)
+
+
+def bench_openai_agents(llm: LLM) -> Arms:
+    """``Runner.run`` of one ``Agent`` on ``OpenAIResponsesModel`` (the SDK's default)."""
+    return _bench_openai_agents(llm, responses=True)
+
+
+def bench_openai_agents_chat(llm: LLM) -> Arms:
+    """``Runner.run`` of one ``Agent`` on ``OpenAIChatCompletionsModel``."""
+    return _bench_openai_agents(llm, responses=False)
+
+
+# -- AutoGen -----------------------------------------------------------------------------
+
+
+def bench_autogen(llm: LLM) -> Arms:
+    """``AssistantAgent.run`` (reset before each call) on ``OpenAIChatCompletionClient``.
+    "with" is the state ``boltrl_autogen.instrument()`` leaves: the handler attached and
+    the event loggers enabled; the no-op arm is a ``logging.NullHandler`` with the loggers
+    enabled the same way (AutoGen's log records are paid there too)."""
+    import asyncio
+    import logging
+
+    from autogen_agentchat.agents import AssistantAgent
+    from autogen_core import CancellationToken
+    from autogen_core.models import ModelInfo
+    from autogen_ext.models.openai import OpenAIChatCompletionClient
+
+    from boltrl_autogen import AGENTCHAT_LOGGER, CORE_LOGGER, BoltrlEventHandler
+
+    loop = asyncio.new_event_loop()
+    info = ModelInfo(
+        vision=False,
+        function_calling=True,
+        json_output=False,
+        family="unknown",
+        structured_output=False,
+    )
+    client = OpenAIChatCompletionClient(
+        model=llm.model, base_url=llm.base_url, api_key=llm.api_key, model_info=info
+    )
+    agent = AssistantAgent("assistant", model_client=client, system_message=SYSTEM)
+    loggers = [logging.getLogger(CORE_LOGGER), logging.getLogger(AGENTCHAT_LOGGER)]
+    handlers: list[logging.Handler] = [BoltrlEventHandler(), logging.NullHandler()]
+
+    def make(handler: logging.Handler | None) -> Step:
+        def step(i: int) -> None:
+            # every arm sets both loggers' level, propagation and handlers
+            for lg, level in zip(loggers, (logging.INFO, logging.DEBUG), strict=True):
+                lg.setLevel(level if handler else logging.NOTSET)
+                lg.propagate = handler is None
+                lg.handlers = [handler] if handler else []
+            loop.run_until_complete(agent.on_reset(CancellationToken()))
+            loop.run_until_complete(agent.run(task=QUESTION.format(i=i)))
+
+        return step
+
+    return Arms(make(None), make(handlers[0]), make(handlers[1]), callback=handlers[0])
+
+
 FRAMEWORKS: dict[str, tuple[Callable[[LLM], Arms | tuple[Step, Step]], str]] = {
     "langchain": (bench_langchain, REPLY),
     "dspy": (bench_dspy, DSPY_REPLY),
+    "openai-agents": (bench_openai_agents, REPLY),
+    "openai-agents-chat": (bench_openai_agents_chat, REPLY),
+    "autogen": (bench_autogen, REPLY),
 }
 """name → (the function building the steps, the scripted reply their calls get). A
 function may return ``(without, with_callback)`` instead of ``Arms``."""
