@@ -45,8 +45,8 @@ _stats = {"calls": 0, "cached_calls": 0, "tool_steps": 0, "failures": 0, "field_
 
 
 def stats() -> dict[str, int]:
-    """Counters since import: ``calls`` recorded (``cached_calls`` of them answered by
-    DSPy's cache), ``tool_steps``, ``failures`` (a hook that could not record; logged)
+    """Counters since import: ``calls`` recorded (``cached_calls``: DSPy cache hits,
+    recorded apart), ``tool_steps``, ``failures`` (a hook that could not record; logged)
     and ``field_failures`` (one field left empty)."""
     with _stats_lock:
         return dict(_stats)
@@ -164,7 +164,10 @@ class BoltrlCallback(BaseCallback):  # type: ignore[misc]  # dspy ships no type 
     def on_module_end(
         self, call_id: str, outputs: Any | None, exception: Exception | None = None
     ) -> None:
-        self._open.frames.pop(call_id, None)
+        try:
+            self._open.frames.pop(call_id, None)
+        except Exception:
+            _failed("on_module_end")
 
     # -- LM calls ------------------------------------------------------------------------
 

@@ -38,12 +38,13 @@ _MAX_OPEN = 10_000
 T = TypeVar("T")
 
 _stats_lock = threading.Lock()
-_stats = {"calls": 0, "tool_steps": 0, "failures": 0, "field_failures": 0}
+_stats = {"calls": 0, "cached_calls": 0, "tool_steps": 0, "failures": 0, "field_failures": 0}
 
 
 def stats() -> dict[str, int]:
-    """Counters since import: ``calls`` and ``tool_steps`` recorded, ``failures`` (a hook
-    that could not record; logged) and ``field_failures`` (one field left empty)."""
+    """Counters since import: ``calls`` recorded (``cached_calls``: LangChain cache hits,
+    recorded apart), ``tool_steps``, ``failures`` (a hook that could not record; logged)
+    and ``field_failures`` (one field left empty)."""
     with _stats_lock:
         return dict(_stats)
 
@@ -263,7 +264,7 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
             cached=cached,
         )
         call.ctx.add(ann)
-        _count("calls")
+        _count("cached_calls" if cached else "calls")
         message = (response or {}).get("message") or {}
         for tc in message.get("tool_calls") or ():
             tcid = tc.get("id") if isinstance(tc, dict) else None
