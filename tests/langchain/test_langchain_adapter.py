@@ -473,7 +473,7 @@ def test_odd_fields_are_left_empty_and_failures_are_counted_not_raised() -> None
     assert after["failures"] - before["failures"] == 1
 
 
-def test_async_agent_without_running_loop_in_thread_uses_the_right_rollout() -> None:
+def test_two_concurrent_async_rollouts_do_not_mix_records() -> None:
     """Two rollouts in one process, each on its own loop: no cross-talk."""
 
     async def agent(task: JSON, llm: LLM) -> float:
