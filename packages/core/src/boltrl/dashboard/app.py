@@ -12,6 +12,8 @@ header to ``EventSource``).
 from __future__ import annotations
 
 import hmac
+import logging
+import threading
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -34,6 +36,8 @@ from boltrl.errors import InvalidInput, NotFound, Unauthorized
 from boltrl.store.base import Store
 from boltrl.store.server import install_error_handlers
 
+log = logging.getLogger(__name__)
+
 STATIC = Path(__file__).parent / "static"
 COOKIE = "boltrl_dashboard_token"
 _MAX_LIMIT = 500
@@ -55,6 +59,14 @@ class Dashboard:
         self.tracker = Tracker(source)
         self.hub = Hub(self.tracker, poll_s=poll_s)
         self.decoder = TokenDecoder(tokenizer)
+        # Read the store once now, so the first page does not wait for it.
+        threading.Thread(target=self._warm, name="boltrl-dashboard-warm", daemon=True).start()
+
+    def _warm(self) -> None:
+        try:
+            self.tracker.refresh()
+        except Exception as e:  # the page's own refresh will report it
+            log.debug("dashboard: warm-up read failed: %s", e)
 
     def close(self) -> None:
         """End the live streams and stop the watcher; the source stays the caller's."""
@@ -95,19 +107,19 @@ def _router(dash: Dashboard, token: str | None) -> APIRouter:
 
     @router.get("/summary")
     async def summary() -> dict[str, Any]:
-        await off(dash.tracker.refresh, 0.25)
+        await off(dash.tracker.refresh)
         runs = await off(dash.tracker.runs)
         return {"store": src.label, "counts": runs["counts"], "now": runs["now"]}
 
     @router.get("/runs")
     async def runs() -> dict[str, Any]:
-        await off(dash.tracker.refresh, 0.25)
+        await off(dash.tracker.refresh)
         out: dict[str, Any] = await off(dash.tracker.runs)
         return out
 
     @router.get("/facets")
     async def facets() -> dict[str, Any]:
-        await off(dash.tracker.refresh, 0.25)
+        await off(dash.tracker.refresh)
         runs = await off(dash.tracker.runs)
         names = sorted({r["name"] for r in runs["runs"] if r["name"] is not None})
         return {"runs": names, "agents": await off(src.agents), "statuses": list(STATUSES)}

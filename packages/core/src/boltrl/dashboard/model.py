@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from boltrl.records import Rollout
 
@@ -14,9 +14,10 @@ ACTIVE = ("queued", "requeued", "running")
 STATUSES = ("queued", "requeued", "running", "succeeded", "failed", "cancelled")
 
 
-@dataclass(frozen=True, slots=True)
-class HeadInfo:
-    """The few fields of a rollout head (no records) that tables and charts need."""
+class HeadInfo(NamedTuple):
+    """The few fields of a rollout head (no records) that tables and charts need.
+
+    A named tuple: a refresh builds one per rollout, and tuples build fastest."""
 
     ord: int
     """Enqueue order (1-based); newer rollouts have larger values."""
@@ -51,6 +52,40 @@ class HeadInfo:
         if self.started_at is None or self.finished_at is None:
             return None
         return max(0.0, self.finished_at - self.started_at)
+
+
+class Group(NamedTuple):
+    """Finished rollouts that share run, phase, step, status, error kind and the minute
+    they finished in, summed: what a store can aggregate instead of listing rollouts."""
+
+    run: str | None
+    phase: str | None
+    step: int | None
+    status: str
+    error_kind: str | None
+    minute: int | None
+    """``finished_at // 60``."""
+    n: int
+    rewards: int
+    """How many of them have a reward."""
+    total: float
+    squares: float
+    low: float | None
+    high: float | None
+    first: float | None
+    """Earliest start (first attempt, else creation)."""
+    last: float | None
+    """Latest finish."""
+
+    @classmethod
+    def of(cls, h: HeadInfo) -> Group:
+        r = h.reward
+        minute = None if h.finished_at is None else int(h.finished_at // 60)
+        return cls(
+            h.run, h.phase, h.step, h.status, h.error_kind, minute, 1,
+            0 if r is None else 1, r or 0.0, (r or 0.0) ** 2, r, r,
+            h.started_at or h.created_at, h.finished_at,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

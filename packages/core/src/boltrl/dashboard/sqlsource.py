@@ -10,13 +10,22 @@ no read transaction holds back the writer's checkpoints.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from boltrl.dashboard.model import AttemptInfo, Filters, HeadInfo, RecordFacts
+from boltrl.dashboard.model import (
+    ACTIVE,
+    TERMINAL,
+    AttemptInfo,
+    Filters,
+    Group,
+    HeadInfo,
+    RecordFacts,
+)
 from boltrl.errors import InvalidInput, NotFound
 from boltrl.records import RECORDS_ADAPTER, Rollout
 from boltrl.store._checks import assemble
@@ -27,40 +36,72 @@ _AGENT = "json_extract(body, '$.agent')"
 _AGENT_KINDS = "kind IN ('call_annotation', 'tool_step')"
 """Must match the ``records_by_agent`` index's WHERE clause word for word."""
 
-_HEAD_COLUMNS = f"""ord, id, status, {_TASK},
-    {_RUN}, json_extract(head, '$.task.metadata.phase'),
-    json_extract(head, '$.task.metadata.step'), json_extract(head, '$.task.split'),
-    json_extract(head, '$.task.group'), json_extract(head, '$.reward'),
-    json_extract(head, '$.created_at'), json_extract(head, '$.attempts[0].started_at'),
-    json_extract(head, '$.finished_at'), json_array_length(head, '$.attempts'),
-    json_extract(head, '$.attempts[#-1].worker_id'),
-    json_extract(head, '$.attempts[#-1].error_kind')"""
+_PATHS = (
+    "$.task.id", "$.task.metadata.run", "$.task.metadata.phase", "$.task.metadata.step",
+    "$.task.split", "$.task.group", "$.reward", "$.created_at", "$.attempts[0].started_at",
+    "$.finished_at", "$.attempts[#-1].worker_id", "$.attempts[#-1].error_kind",
+)  # fmt: skip
+# One json_extract with many paths parses the head once and returns a small JSON array:
+# three times faster than one json_extract per field.
+_HEAD_COLUMNS = (
+    "ord, id, status, json_extract(head, "
+    + ", ".join(f"'{p}'" for p in _PATHS)
+    + "), json_array_length(head, '$.attempts')"
+)
+
+
+# The finished rollouts summed per (run, phase, step, status, error kind, minute), on
+# the array of _HEAD_COLUMNS: 1 run, 2 phase, 3 step, 6 reward, 7 created, 8 started,
+# 9 finished, 11 error kind.
+# MATERIALIZED: parse each head once (a flattened subquery would re-extract per use).
+_SUMMARY = f"""
+WITH f AS MATERIALIZED (
+    SELECT status, json_extract(head, {", ".join(f"'{p}'" for p in _PATHS)}) AS a
+    FROM rollouts WHERE status IN {TERMINAL!r})
+SELECT a->>1, a->>2, a->>3, status, a->>11, CAST((a->>9) / 60 AS INTEGER),
+       COUNT(*), COUNT(a->>6), TOTAL(a->>6), TOTAL((a->>6) * (a->>6)), MIN(a->>6), MAX(a->>6),
+       MIN(COALESCE(a->>8, a->>7)), MAX(a->>9)
+FROM f GROUP BY 1, 2, 3, 4, 5, 6
+"""
 
 
 def _str(v: Any) -> str | None:
     return None if v is None else str(v)
 
 
-def _head(row: tuple[Any, ...]) -> HeadInfo:
-    step = row[6]
-    return HeadInfo(
-        ord=row[0],
-        id=row[1],
-        status=row[2],
-        task_id=str(row[3]),
-        run=_str(row[4]),
-        phase=_str(row[5]),
-        step=step if isinstance(step, int) else None,
-        split=_str(row[7]),
-        group=_str(row[8]),
-        reward=None if row[9] is None else float(row[9]),
-        created_at=float(row[10] or 0.0),
-        started_at=None if row[11] is None else float(row[11]),
-        finished_at=None if row[12] is None else float(row[12]),
-        attempts=int(row[13] or 0),
-        worker=_str(row[14]),
-        error_kind=_str(row[15]),
-    )
+def _num(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def _heads(rows: list[tuple[Any, ...]]) -> list[HeadInfo]:
+    if not rows:
+        return []
+    # One parse of all the rows' arrays costs far less than one json.loads per row.
+    fields = json.loads("[" + ",".join(r[3] for r in rows) + "]")
+    out = []
+    for (order, rid, status, _, attempts), f in zip(rows, fields, strict=True):
+        task, run, phase, step, split, group, reward, created, started, finished, wid, kind = f
+        out.append(
+            HeadInfo(
+                ord=order,
+                id=rid,
+                status=status,
+                task_id=str(task),
+                run=_str(run),
+                phase=_str(phase),
+                step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+                split=_str(split),
+                group=_str(group),
+                reward=_num(reward),
+                created_at=float(created or 0.0),
+                started_at=_num(started),
+                finished_at=_num(finished),
+                attempts=int(attempts or 0),
+                worker=_str(wid),
+                error_kind=_str(kind),
+            )
+        )
+    return out
 
 
 def _where(f: Filters) -> tuple[str, list[Any]]:
@@ -117,7 +158,7 @@ class SqliteSource:
             f"SELECT {_HEAD_COLUMNS} FROM rollouts WHERE ord > ? ORDER BY ord LIMIT ?",
             (cursor, limit),
         )
-        return [_head(r) for r in rows]
+        return _heads(rows)
 
     def heads_of(self, ids: Sequence[str]) -> list[HeadInfo]:
         out: list[HeadInfo] = []
@@ -125,7 +166,7 @@ class SqliteSource:
             chunk = list(ids[i : i + 500])
             marks = ",".join("?" * len(chunk))
             rows = self._q(f"SELECT {_HEAD_COLUMNS} FROM rollouts WHERE id IN ({marks})", chunk)
-            out += [_head(r) for r in rows]
+            out += _heads(rows)
         return out
 
     def page(self, filters: Filters, limit: int, offset: int) -> tuple[list[HeadInfo], int]:
@@ -135,7 +176,7 @@ class SqliteSource:
             [*args, limit, offset],
         )
         total = self._q(f"SELECT COUNT(*) FROM rollouts{where}", args)[0][0]
-        return [_head(r) for r in rows], int(total)
+        return _heads(rows), int(total)
 
     def facts(self, ids: Sequence[str]) -> dict[str, RecordFacts]:
         out = {rid: RecordFacts() for rid in ids}
@@ -164,10 +205,16 @@ class SqliteSource:
         return out
 
     def agents(self) -> list[str]:
+        # A loose index scan: one index seek per distinct name, not a walk of every entry.
         rows = self._q(
-            f"SELECT DISTINCT {_AGENT} FROM records WHERE {_AGENT_KINDS} AND {_AGENT} IS NOT NULL"
+            f"""WITH RECURSIVE names(name) AS (
+                SELECT MIN({_AGENT}) FROM records WHERE {_AGENT_KINDS} AND {_AGENT} IS NOT NULL
+                UNION ALL
+                SELECT (SELECT MIN({_AGENT}) FROM records WHERE {_AGENT_KINDS} AND {_AGENT} > name)
+                FROM names WHERE name IS NOT NULL)
+            SELECT name FROM names WHERE name IS NOT NULL"""
         )
-        return sorted(str(a) for (a,) in rows)
+        return [str(a) for (a,) in rows]
 
     def get(self, rollout_id: str) -> Rollout:
         found = self._q("SELECT head FROM rollouts WHERE id = ?", (rollout_id,))
@@ -201,7 +248,7 @@ class SqliteSource:
         rows = self._q(f"SELECT {_HEAD_COLUMNS} FROM rollouts WHERE {where}", args)
         return [
             h.reward
-            for h in map(_head, rows)
+            for h in _heads(rows)
             if h.reward is not None
             and h.terminal
             and (h.run, h.phase, h.step) == (head.run, head.phase, head.step)
@@ -231,6 +278,27 @@ class SqliteSource:
             )
             for r in rows
         ]
+
+    def summarize(self) -> tuple[list[Group], list[HeadInfo], int]:
+        """Finished rollouts summed by SQLite into groups, the unfinished ones, and the
+        largest ``ord``: one consistent snapshot (for ``Tracker``'s first load)."""
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN")
+            try:
+                groups = db.execute(_SUMMARY).fetchall()
+                marks = ",".join("?" * len(ACTIVE))
+                active = db.execute(
+                    f"SELECT {_HEAD_COLUMNS} FROM rollouts WHERE status IN ({marks})", ACTIVE
+                ).fetchall()
+                cursor = db.execute("SELECT COALESCE(MAX(ord), 0) FROM rollouts").fetchone()[0]
+            finally:
+                db.execute("COMMIT")
+        out = []
+        for run, phase, step, *rest in groups:
+            step = step if isinstance(step, int) else None
+            out.append(Group(_str(run), _str(phase), step, *rest))
+        return out, _heads(active), int(cursor)
 
     def live_workers(self) -> list[dict[str, Any]] | None:
         if self._workers is None:

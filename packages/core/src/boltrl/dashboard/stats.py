@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from boltrl.dashboard.model import STATUSES, HeadInfo, Source
+from boltrl.dashboard.model import STATUSES, Group, HeadInfo, Source
 
 _PAGE = 5000
 _THROUGHPUT_POINTS = 240
@@ -39,14 +39,14 @@ class _Acc:
     low: float = math.inf
     high: float = -math.inf
 
-    def add(self, h: HeadInfo) -> None:
-        self.finished[h.status] += 1
-        if h.reward is not None:
-            self.n += 1
-            self.total += h.reward
-            self.squares += h.reward * h.reward
-            self.low = min(self.low, h.reward)
-            self.high = max(self.high, h.reward)
+    def add(self, g: Group) -> None:
+        self.finished[g.status] += g.n
+        if g.rewards:
+            self.n += g.rewards
+            self.total += g.total
+            self.squares += g.squares
+            self.low = min(self.low, math.inf if g.low is None else g.low)
+            self.high = max(self.high, -math.inf if g.high is None else g.high)
 
     def json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"n": self.n, **{s: self.finished[s] for s in self.finished}}
@@ -103,19 +103,25 @@ class Tracker:
         self._active: dict[str, HeadInfo] = {}
         self._runs: dict[str | None, _Run] = {}
         self._finished: Counter[str] = Counter()
-        self._refreshed_at = 0.0
 
-    def refresh(self, max_age_s: float = 0.0) -> Change | None:
-        """Catch up with the source; None when nothing changed (or the last refresh is
-        younger than ``max_age_s``)."""
+    def refresh(self) -> Change | None:
+        """Catch up with the source; None when nothing changed (its change token is the
+        same as last time)."""
         with self._lock:
-            if max_age_s and time.monotonic() - self._refreshed_at < max_age_s:
-                return None
             token = self.source.change_token()
-            self._refreshed_at = time.monotonic()
             if token == self._token:
                 return None
             self._token = token
+            summarize = getattr(self.source, "summarize", None)
+            quiet = self._on_finished is None or not self._report_existing
+            if not self._loaded and summarize is not None and quiet:
+                # A store that can sum finished rollouts itself spares listing them all.
+                groups, active, self._cursor = summarize()
+                for g in groups:
+                    self._fold(g)
+                self._active = {h.id: h for h in active}
+                self._loaded = True
+                return Change([], [], self._counts())
             seen: list[HeadInfo] = []
             while True:
                 batch = self.source.heads_after(self._cursor, _PAGE)
@@ -145,21 +151,26 @@ class Tracker:
                 continue
             self._active.pop(h.id, None)
             finished.append(h)
-            self._fold(h)
+            self._fold(Group.of(h))
+        return Change(changed[:500], finished, self._counts())
+
+    def _counts(self) -> dict[str, int]:
         counts = Counter(self._finished)
         counts.update(h.status for h in self._active.values())
-        return Change(changed[:500], finished, {s: counts[s] for s in STATUSES})
+        return {s: counts[s] for s in STATUSES}
 
-    def _fold(self, h: HeadInfo) -> None:
-        self._finished[h.status] += 1
-        run = self._runs.setdefault(h.run, _Run())
-        run.steps.setdefault((h.phase, h.step), _Acc()).add(h)
-        run.first = min(run.first, h.started_at or h.created_at)
-        if h.finished_at is not None:
-            run.last = max(run.last, h.finished_at)
-            run.minutes[int(h.finished_at // 60)] += 1
-        if h.status != "succeeded":
-            run.failures[h.error_kind or h.status] += 1
+    def _fold(self, g: Group) -> None:
+        self._finished[g.status] += g.n
+        run = self._runs.setdefault(g.run, _Run())
+        run.steps.setdefault((g.phase, g.step), _Acc()).add(g)
+        if g.first:
+            run.first = min(run.first, g.first)
+        if g.last is not None:
+            run.last = max(run.last, g.last)
+        if g.minute is not None:
+            run.minutes[g.minute] += g.n
+        if g.status != "succeeded":
+            run.failures[g.error_kind or g.status] += g.n
 
     @property
     def active(self) -> list[HeadInfo]:

@@ -3,12 +3,15 @@ import { h, s, fmt } from "./dom.js";
 
 const PAD = { l: 46, r: 12, t: 10, b: 26 };
 
-function ticks(lo, hi, n = 5, integer = false) {
+const TIME_STEPS = [60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400];
+
+function ticks(lo, hi, n = 5, integer = false, time = false) {
   if (!(hi > lo)) return [lo];
   const raw = (hi - lo) / n;
   const mag = 10 ** Math.floor(Math.log10(raw));
   let step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((m) => m >= raw) || raw;
   if (integer) step = Math.max(1, Math.round(step));
+  if (time) step = TIME_STEPS.find((m) => m >= raw) || Math.ceil(raw / 86400) * 86400;
   const out = [];
   for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(+v.toFixed(10));
   return out;
@@ -29,11 +32,8 @@ function frame(width, height, xs, ys, xFormat, opts = {}) {
     g.append(s("text", { x: PAD.l - 6, y: sy(t) + 4, "text-anchor": "end" }, fmt.num(t, 2)));
   }
   const room = Math.min(8, Math.max(1, Math.round(W / 70)));
-  let xt = x1 === x0 ? [x0] : ticks(x0, x1, room, opts.xInteger);
-  if (opts.xTicks) {  // label the bars themselves, thinned to fit
-    const every = Math.ceil(opts.xTicks.length / room);
-    xt = opts.xTicks.filter((_, i) => i % every === 0);
-  }
+  let xt = x1 === x0 ? [x0] : ticks(x0, x1, room, opts.xInteger, opts.xTime);
+  if (opts.xTicks && opts.xTicks.length <= room) xt = opts.xTicks;  // few bars: label each
   for (const t of xt) {
     g.append(s("text", { x: sx(t), y: PAD.t + H + 17, "text-anchor": "middle" }, xFormat(t)));
   }
@@ -64,8 +64,9 @@ export function lineChart({ width = 620, height = 230, series, xFormat = (x) => 
       stroke: "none", class: "band" }));
     root.append(s("polyline", { points: P.map((p) => `${sx(p.x)},${sy(p.y)}`).join(" "),
       fill: "none", stroke: se.color, "stroke-width": 2, class: `curve curve-${se.name}` }));
+    const r = P.length <= 60 ? 3 : P.length <= 300 ? 1.8 : 1.1;  // dots thin out as points grow
     for (const p of P) {
-      root.append(s("circle", { cx: sx(p.x), cy: sy(p.y), r: 3, fill: se.color },
+      root.append(s("circle", { cx: sx(p.x), cy: sy(p.y), r, fill: se.color },
         s("title", {}, p.label)));
     }
   }
@@ -74,7 +75,7 @@ export function lineChart({ width = 620, height = 230, series, xFormat = (x) => 
 
 /** bars: [{x, y, label}] */
 export function barChart({ width = 420, height = 230, bars, color = "#2563eb",
-  xFormat = (x) => fmt.num(x), xInteger = false }) {
+  xFormat = (x) => fmt.num(x), xInteger = false, xTime = false }) {
   const root = canvas(width, height);
   if (!bars.length) return root;
   const xs = bars.map((b) => b.x);
@@ -85,7 +86,7 @@ export function barChart({ width = 420, height = 230, bars, color = "#2563eb",
   if (gap === Infinity || gap <= 0) gap = 1;
   // Half a slot of room on each side keeps the outer bars inside the plot.
   const span = [sorted[0] - gap / 2, sorted[sorted.length - 1] + gap / 2];
-  const { g, sx, sy } = frame(width, height, span, ys, xFormat, { xInteger, yInteger: true,
+  const { g, sx, sy } = frame(width, height, span, ys, xFormat, { xInteger, xTime, yInteger: true,
     xTicks: sorted });
   root.append(g);
   const bw = Math.max(2, Math.min(28, (sx(sorted[0] + gap) - sx(sorted[0])) * 0.8));

@@ -139,11 +139,16 @@ function renderNode(node, ctx) {
   const span = Math.max(1e-6, ctx.t1 - ctx.t0);
   const left = node.start ? ((node.start - ctx.t0) / span) * 100 : 0;
   const width = node.end > node.start ? ((node.end - node.start) / span) * 100 : 0;
+  const toggle = h("span", { class: "toggle" }, ctx.open.has(node.id) ? "▾" : "▸");
   const row = h("div", { class: "row", title: `${node.kind} ${node.id}`, onclick: () => {
-    if (ctx.open.has(node.id)) { ctx.open.delete(node.id); body.hidden = true; clear(body); return; }
-    ctx.open.add(node.id); body.hidden = false; clear(body).append(...nodeBody(node, ctx.id).flat());
+    const opening = !ctx.open.has(node.id);
+    if (opening) ctx.open.add(node.id); else ctx.open.delete(node.id);
+    toggle.textContent = opening ? "▾" : "▸";
+    body.hidden = !opening;
+    clear(body);
+    if (opening) body.append(...nodeBody(node, ctx.id).flat());
   } },
-  h("span", { class: "toggle" }, "▸"), h("span", { class: `kind ${node.kind}` }, node.kind),
+  toggle, h("span", { class: `kind ${node.kind}` }, node.kind),
   h("span", { class: "label" }, label(node)),
   h("div", { class: "track" }, h("div", { class: `bar ${node.kind}`,
     style: { left: `${Math.max(0, Math.min(100, left))}%`, width: `${Math.min(100, width)}%` } })),

@@ -33,7 +33,7 @@ function rewardChart(run) {
 function throughputChart(run) {
   const bars = run.throughput.map(([t, n]) => ({ x: t, y: n, label: `${fmt.clock(t)}: ${n} finished` }));
   if (!bars.length) return h("p", { class: "muted" }, "Nothing finished yet.");
-  return barChart({ bars, color: "#0d9488", height: 140, xFormat: (t) => fmt.clock(t) });
+  return barChart({ bars, color: "#0d9488", height: 140, xFormat: (t) => fmt.clock(t), xTime: true });
 }
 
 function failureChart(run) {
