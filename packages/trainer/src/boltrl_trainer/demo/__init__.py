@@ -1,9 +1,10 @@
 """The ``boltrl demo`` task: two-digit addition, answered as a number.
 
-Chosen because SmolLM2-135M-Instruct starts low but not at zero on it (about one in
-five right, greedy), so a few minutes of GRPO on a CPU move held-out reward well beyond
-run-to-run noise. The agent is ordinary code: the official OpenAI client pointed at
-the rollout's ``base_url``.
+Chosen because SmolLM2-135M-Instruct starts low but not at zero on it: it often knows
+the sum but wraps it in words ("The answer is 42.") or restates the problem, and only
+a bare correct number scores. A few minutes of GRPO on a CPU teach it to answer as
+asked, which moves held-out reward well beyond run-to-run noise. The agent is ordinary
+code: the official OpenAI client pointed at the rollout's ``base_url``.
 """
 
 from __future__ import annotations
@@ -47,9 +48,10 @@ _NUMBER = re.compile(r"-?\d+")
 
 
 def score(reply: str, answer: int) -> float:
-    """1.0 when the last number in the reply is the answer ("12 + 30 = 42" counts)."""
-    found = _NUMBER.findall(reply.replace(",", ""))
-    return 1.0 if found and int(found[-1]) == answer else 0.0
+    """1.0 when the reply is just the right number ("42", " 42.", "1,042"); "12 + 30 = 42"
+    or "The answer is 42" score 0: the task asks for only the number."""
+    text = reply.strip().rstrip(".").replace(",", "").strip()
+    return 1.0 if _NUMBER.fullmatch(text) is not None and int(text) == answer else 0.0
 
 
 _client: Any = None
