@@ -1,5 +1,5 @@
 // The dashboard's router: #/runs, #/rollouts?…, #/rollout/<id>, #/workers.
-import { api, clear, connectLive, onLive, debounce, fmt } from "./dom.js";
+import { api, clear, connectLive, onLive, fmt } from "./dom.js";
 import { runsPage } from "./runs.js";
 import { rolloutsPage } from "./rollouts.js";
 import { detailPage } from "./detail.js";
@@ -24,14 +24,17 @@ function route() {
   document.title = `boltrl · ${page}`;
 }
 
+function showCounts(c) {
+  document.getElementById("counts").textContent =
+    `${fmt.num(c.running)} running · ${fmt.num(c.queued + c.requeued)} queued · ` +
+    `${fmt.num(c.succeeded)} succeeded · ${fmt.num(c.failed)} failed`;
+}
+
 async function header() {
   try {
     const d = await api("summary");
     document.getElementById("store").textContent = d.store;
-    const c = d.counts;
-    document.getElementById("counts").textContent =
-      `${fmt.num(c.running)} running · ${fmt.num(c.queued + c.requeued)} queued · ` +
-      `${fmt.num(c.succeeded)} succeeded · ${fmt.num(c.failed)} failed`;
+    showCounts(d.counts);
   } catch (e) {
     document.getElementById("counts").textContent = String(e.message || e);
   }
@@ -42,8 +45,7 @@ window.addEventListener("hashchange", route);
 route();
 header();
 connectLive(document.getElementById("live"));
-const refreshHeader = debounce(header, 500);
 onLive((type, data) => {
-  if (type === "change") refreshHeader();
+  if (type === "change") showCounts(data.counts);
   if (current && current.update) current.update(type, data);
 });
