@@ -194,6 +194,8 @@ def test_dashboard_command_serves_a_sqlite_file_and_stops_on_sigint(tmp_path: Pa
             url = line.rsplit(" on ", 1)[1].strip().rstrip("/")
             with httpx.Client(base_url=url, timeout=10) as http:
                 assert http.get("/api/runs").json()["runs"][0]["name"] == "cli"
+                rebound = http.get("/api/runs", headers={"Host": "evil.example:4748"})
+                assert rebound.status_code == 400  # DNS rebinding: a foreign Host is refused
                 with http.stream("GET", "/api/events") as events:  # an open live stream
                     next(events.iter_lines())
                     t0 = time.monotonic()

@@ -70,6 +70,13 @@ def _run(args: argparse.Namespace) -> int:
             follower = OtlpFollower(source, args.otlp).start()
         app = create_dashboard_app(source, args.token, tokenizer=args.tokenizer)
         dash = app.state.dashboard
+        if args.token is None:
+            # Without a token, only pages on this machine's own names may call the API: a
+            # page elsewhere whose name was rebound to 127.0.0.1 (DNS rebinding) may not.
+            from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+            hosts = ["127.0.0.1", "localhost", "[::1]", args.host]
+            app.add_middleware(TrustedHostMiddleware, allowed_hosts=hosts)
         sock = bind(args.host, args.port)
         auth = "?token=…" if args.token else ""
         print(f"boltrl dashboard: {source.label} on {url_of(sock)}/{auth}", flush=True)
