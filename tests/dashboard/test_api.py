@@ -8,9 +8,11 @@ import statistics
 from typing import Any
 
 import pytest
-from conftest import Filled, Served
+from conftest import Filled, Served, serve
 from dashboard_fill import XSS
 
+from boltrl import Task
+from boltrl.store import open_store
 from boltrl.testing import SCRIPTED_LOGPROB, render_reply
 
 PER_STEP = {"run-a": (6, 6), "run-b": (3, 4)}
@@ -335,3 +337,20 @@ def test_bad_credit_names_the_field(served: Served, filled: Filled) -> None:
     resp = served.http.get(f"/api/rollouts/{filled.real[0]}", params={"credit": "best"})
     assert resp.status_code == 400
     assert resp.json()["error"]["message"].startswith("credit.mode:")
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_split_stands_in_for_an_untagged_phase(kind: str, tmp_path: Any) -> None:
+    store = open_store("memory://" if kind == "memory" else f"sqlite:///{tmp_path}/s.db")
+    try:
+        store.enqueue([Task(id="s", input={}, split="val", metadata={"run": "r", "step": 4})])
+        att = store.claim("w")
+        assert att is not None
+        store.finish(att, "succeeded", reward=0.5)
+        with serve(store) as srv:
+            [run] = srv.get("/api/runs")["runs"]
+            assert [(s["phase"], s["step"], s["mean"]) for s in run["steps"]] == [("val", 4, 0.5)]
+            [row] = srv.get("/api/rollouts")["rows"]
+            assert row["phase"] == "val"
+    finally:
+        store.close()

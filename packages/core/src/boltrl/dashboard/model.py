@@ -27,7 +27,7 @@ class HeadInfo(NamedTuple):
     run: str | None
     """``task.metadata["run"]`` as the trainer tags it (None when untagged)."""
     phase: str | None
-    """``task.metadata["phase"]``: ``train`` or ``val`` (None when untagged)."""
+    """``task.metadata["phase"]`` (``train`` or ``val``), else ``task.split``."""
     step: int | None
     """``task.metadata["step"]`` (None when untagged or not an integer)."""
     split: str | None

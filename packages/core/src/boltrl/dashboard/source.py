@@ -38,7 +38,7 @@ def head_info(order: int, r: Rollout) -> HeadInfo:
         status=r.status.value,
         task_id=r.task.id,
         run=None if run is None else str(run),
-        phase=None if phase is None else str(phase),
+        phase=str(phase) if phase is not None else r.task.split,
         step=step if isinstance(step, int) and not isinstance(step, bool) else None,
         split=r.task.split,
         group=r.task.group,

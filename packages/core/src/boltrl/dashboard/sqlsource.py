@@ -51,14 +51,14 @@ _HEAD_COLUMNS = (
 
 
 # The finished rollouts summed per (run, phase, step, status, error kind, minute), on
-# the array of _HEAD_COLUMNS: 1 run, 2 phase, 3 step, 6 reward, 7 created, 8 started,
-# 9 finished, 11 error kind.
+# the array of _HEAD_COLUMNS: 1 run, 2 phase (else 4 split), 3 step, 6 reward, 7 created,
+# 8 started, 9 finished, 11 error kind.
 # MATERIALIZED: parse each head once (a flattened subquery would re-extract per use).
 _SUMMARY = f"""
 WITH f AS MATERIALIZED (
     SELECT status, json_extract(head, {", ".join(f"'{p}'" for p in _PATHS)}) AS a
     FROM rollouts WHERE status IN {TERMINAL!r})
-SELECT a->>1, a->>2, a->>3, status, a->>11, CAST((a->>9) / 60 AS INTEGER),
+SELECT a->>1, COALESCE(a->>2, a->>4), a->>3, status, a->>11, CAST((a->>9) / 60 AS INTEGER),
        COUNT(*), COUNT(a->>6), TOTAL(a->>6), TOTAL((a->>6) * (a->>6)), MIN(a->>6), MAX(a->>6),
        MIN(COALESCE(a->>8, a->>7)), MAX(a->>9)
 FROM f GROUP BY 1, 2, 3, 4, 5, 6
@@ -88,7 +88,7 @@ def _heads(rows: list[tuple[Any, ...]]) -> list[HeadInfo]:
                 status=status,
                 task_id=str(task),
                 run=_str(run),
-                phase=_str(phase),
+                phase=_str(phase if phase is not None else split),
                 step=step if isinstance(step, int) and not isinstance(step, bool) else None,
                 split=_str(split),
                 group=_str(group),
