@@ -18,7 +18,7 @@ from dashboard_fill import add_run, add_tool_only, run_real
 from boltrl.dashboard import create_dashboard_app
 from boltrl.store import open_store
 from boltrl.store.base import Store
-from boltrl.store.server import RunningServer
+from boltrl.store.server import RunningServer, serve_in_thread
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_ARGS = [
@@ -49,17 +49,24 @@ def fill(store: Store, kind: str) -> Filled:
     return Filled(kind, store, real, add_tool_only(store))
 
 
-@pytest.fixture(scope="module", params=["memory", "sqlite"])
+@pytest.fixture(scope="module", params=["memory", "sqlite", "http"])
 def filled(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Filled]:
+    if request.param == "sqlite":
+        store = open_store(f"sqlite:///{tmp_path_factory.mktemp('dash')}/store.db")
+        yield fill(store, request.param)
+        store.close()
+        return
+    backing = open_store("memory://")
     if request.param == "memory":
-        store = open_store("memory://")
-    else:
-        path = tmp_path_factory.mktemp("dash") / "store.db"
-        store = open_store(f"sqlite:///{path}")
-    yield fill(store, request.param)
-    store.close()
+        yield fill(backing, request.param)
+    else:  # a served store: the dashboard reads it through the HTTP client
+        with serve_in_thread(backing) as server:
+            client = open_store(server.url)
+            yield fill(client, request.param)
+            client.close()
+    backing.close()
 
 
 @dataclass

@@ -194,7 +194,8 @@ def source_for(store: Store, label: str | None = None) -> Source:
         from boltrl.dashboard.sqlsource import SqliteSource
 
         return SqliteSource(store.path, workers=store.workers)
-    return StoreSource(store, label or type(store).__name__)
+    url = getattr(store, "url", None)  # a served store's address (never its token)
+    return StoreSource(store, label or (url if isinstance(url, str) else type(store).__name__))
 
 
 def open_source(url: str, token: str | None = None) -> tuple[Source, Store | None]:
