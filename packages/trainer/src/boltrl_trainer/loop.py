@@ -205,8 +205,10 @@ class Trainer:
         tasks = tag_tasks(
             chosen, run=self.run_name, step=step, phase="train", repeat=cfg.group_size
         )
+        busy0 = session.backend.busy_s
         rollouts = session.run(tasks, sampling, label=f"step {step}/{cfg.steps}")
         t_rollout = time.perf_counter() - t_step
+        generation_s = session.backend.busy_s - busy0
 
         t_prep = time.perf_counter()
         batch, stats = self._batch(rollouts, trainer.policy_version, sampling.temperature)
@@ -222,8 +224,11 @@ class Trainer:
             "policy_version": version,
             "time/step_s": step_s,
             "time/rollout_s": t_rollout,
+            "time/generation_s": generation_s,
             "time/prepare_s": prep_s,
-            "time/overhead_s": max(step_s - t_rollout - upd.get("time/update_s", 0.0), 0.0),
+            # everything that is neither generating nor updating: store, gateway, agents,
+            # runners, credit assignment, batching
+            "time/overhead_s": max(step_s - generation_s - upd.get("time/update_s", 0.0), 0.0),
             "throughput/completion_tokens_total": gen.get("completion_tokens", 0),
             "throughput/rollouts_per_s": len(rollouts) / max(t_rollout, 1e-9),
         }

@@ -48,6 +48,17 @@ class PhaseSampling:
         self.default = default
         self._by_rollout: dict[str, Sampling] = {}
         self._lock = threading.Lock()
+        self._in_flight = 0
+        self._busy_since = 0.0
+        self._busy_total = 0.0
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds during which at least one model call was being served: the
+        generation share of a rollout phase (the backend runs one batch at a time)."""
+        with self._lock:
+            extra = time.perf_counter() - self._busy_since if self._in_flight else 0.0
+            return self._busy_total + extra
 
     @property
     def model_name(self) -> str:
@@ -70,11 +81,20 @@ class PhaseSampling:
     async def generate(self, request: GenerationRequest) -> Generation:
         with self._lock:
             s = self._by_rollout.get(request.rollout_id or "", self.default)
+            if self._in_flight == 0:
+                self._busy_since = time.perf_counter()
+            self._in_flight += 1
         cap = min(request.max_tokens or s.max_tokens, s.max_tokens)
         forced = request.model_copy(
             update={"temperature": s.temperature, "top_p": s.top_p, "max_tokens": cap}
         )
-        return await self.inner.generate(forced)
+        try:
+            return await self.inner.generate(forced)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._busy_total += time.perf_counter() - self._busy_since
 
     async def aclose(self) -> None:
         await self.inner.aclose()

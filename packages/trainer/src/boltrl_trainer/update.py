@@ -183,8 +183,8 @@ class TorchTrainingBackend:
 
         t0 = time.perf_counter()
         items = batch.transitions
-        if not items:
-            return {"update/skipped": 1.0}, self._version
+        if not items:  # every group had equal rewards: nothing to learn from this batch
+            return {"update/skipped": 1.0, "time/update_s": 0.0}, self._version
         rows, tokens = index_rollouts(items)
         rollout_tokens = torch.tensor(tokens, dtype=torch.float32, device=self.device)
         micro = pack_microbatches(items, self.optim_cfg.token_budget)

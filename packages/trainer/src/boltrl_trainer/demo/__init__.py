@@ -1,9 +1,10 @@
 """The ``boltrl demo`` task: two-digit addition, answered as a number.
 
-Chosen because SmolLM2-135M-Instruct starts low but not at zero on it: it often knows
-the sum but wraps it in words ("The answer is 42.") or restates the problem, and only
-a bare correct number scores. A few minutes of GRPO on a CPU teach it to answer as
-asked, which moves held-out reward well beyond run-to-run noise. The agent is ordinary
+Chosen because SmolLM2-135M-Instruct starts low but not at zero on it: it sometimes
+knows the sum but mostly wraps it in words ("The answer is 42.") or restates the
+problem. A bare correct number scores 1, a correct number in words 0.5. A few minutes
+of GRPO on a CPU teach it to answer as asked, which moves held-out reward well beyond
+run-to-run noise. The agent is ordinary
 code: the official OpenAI client pointed at the rollout's ``base_url``.
 """
 
@@ -48,10 +49,13 @@ _NUMBER = re.compile(r"-?\d+")
 
 
 def score(reply: str, answer: int) -> float:
-    """1.0 when the reply is just the right number ("42", " 42.", "1,042"); "12 + 30 = 42"
-    or "The answer is 42" score 0: the task asks for only the number."""
+    """1.0 for just the right number ("42", " 42.", "1,042"); 0.5 for the right number
+    wrapped in words or working ("The answer is 42.", "12 + 30 = 42"); else 0."""
     text = reply.strip().rstrip(".").replace(",", "").strip()
-    return 1.0 if _NUMBER.fullmatch(text) is not None and int(text) == answer else 0.0
+    if _NUMBER.fullmatch(text) is not None and int(text) == answer:
+        return 1.0
+    found = _NUMBER.findall(reply.replace(",", ""))
+    return 0.5 if found and int(found[-1]) == answer else 0.0
 
 
 _client: Any = None
@@ -88,7 +92,7 @@ DEMO_CONFIG: dict[str, Any] = {
     "batch_tasks": 8,
     "group_size": 8,
     "concurrency": 64,
-    "temperature": 1.0,
+    "temperature": 0.7,
     "max_tokens": 16,
     "lora": {"r": 16, "alpha": 32},
     "optim": {"lr": 2e-4, "token_budget": 4096},
