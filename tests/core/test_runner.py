@@ -268,3 +268,43 @@ def test_ctrl_c_drains_running_rollouts(tmp_path: Path) -> None:
             os.kill(proc.pid, signal.SIGKILL)
         server.stop()
         st.close()
+
+
+def test_eight_runner_slots_over_500_rollouts_with_injected_failures() -> None:
+    """Every rollout ends succeeded or failed with exactly the attempts its injected
+    failures call for; none lost, none run twice at once."""
+    st = open_store("memory://")
+
+    def plan(i: int, attempt: int) -> str:
+        # deterministic per (task, attempt): ok, retryable failure or hard failure
+        h = (i * 7919 + attempt * 104729) % 10
+        return "retry" if h < 3 else "fail" if h == 3 else "ok"
+
+    def agent(task: dict[str, Any], llm: LLM) -> float:
+        ctx = boltrl.current_rollout()
+        assert ctx is not None
+        what = plan(task["i"], ctx.attempt.number)
+        if what == "retry":
+            raise Retryable("injected")
+        if what == "fail":
+            raise ValueError("injected")
+        return 1.0
+
+    try:
+        ids = st.enqueue([Task(id=f"t{i}", input={"i": i}) for i in range(500)], max_attempts=3)
+        Runner(agent, st, concurrency=8, claim_wait_s=0.05).run(exit_when_idle=True)
+        out = st.wait(ids, timeout_s=30)
+        for r in out:
+            i = int(r.task.id[1:])
+            expected: list[str] = []
+            for n in (1, 2, 3):
+                expected.append(plan(i, n))
+                if expected[-1] != "retry":
+                    break
+            outcomes = [a.outcome.value for a in r.attempts]
+            assert len(outcomes) == len(expected), (r.id, outcomes, expected)
+            want = RolloutStatus.SUCCEEDED if expected[-1] == "ok" else RolloutStatus.FAILED
+            assert r.status == want
+        assert st.count() == 500
+    finally:
+        st.close()
