@@ -103,8 +103,10 @@ def served(filled: Filled) -> Iterator[Served]:
 # -- browser ----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    # Module scope: Playwright's sync API keeps an event loop running in the main thread
+    # while it is open, which breaks later tests that call asyncio.run().
     if CHROMIUM is None:
         if os.environ.get("CI"):
             pytest.fail("chromium is not installed; .ci/run installs Debian's chromium")
