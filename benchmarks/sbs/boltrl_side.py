@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from wire import JSON, announce, claim_stdout, rss_mb, serve
+from wire import JSON, announce, claim_stdout, rss_mb, serve, token_ids
 
 claim_stdout()
 
@@ -221,7 +221,7 @@ def store(req: JSON) -> JSON:
         handles = [MemoryStore()] * workers
     elif backend == "sqlite":
         handles = [SqliteStore(Path(tmp.name) / "bench.db")] * workers
-    else:
+    else:  # http, http-sqlite: the server at url
         handles = [HttpStore(req["url"]) for _ in range(workers)]
     template = LLMCall(
         id="template",
@@ -229,8 +229,8 @@ def store(req: JSON) -> JSON:
         attempt=1,
         request={"model": "scripted", "messages": [{"role": "user", "content": "hi"}]},
         response={"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"},
-        prompt_token_ids=list(range(tokens)),
-        response_token_ids=list(range(tokens // 4)),
+        prompt_token_ids=token_ids(tokens),
+        response_token_ids=token_ids(tokens // 4, 1),
         response_logprobs=[-0.5] * (tokens // 4),
     )
     tasks = [Task(input={"i": i}) for i in range(req["rollouts"])]

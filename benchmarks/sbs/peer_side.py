@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from wire import JSON, announce, claim_stdout, rss_mb, serve
+from wire import JSON, announce, claim_stdout, rss_mb, serve, token_ids
 
 claim_stdout()  # LiteLLM prints banners to stdout, in this process and its children
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -248,7 +248,7 @@ def _span_template(tokens: int) -> Span:
     instrumentation stores them: ``logprobs.content``, JSON)."""
     logprobs = [
         {"token": f"token_id:{i}", "logprob": -0.5, "bytes": None, "top_logprobs": []}
-        for i in range(tokens // 4)
+        for i in token_ids(tokens // 4, 1)
     ]
     return Span(
         rollout_id="template",
@@ -267,8 +267,8 @@ def _span_template(tokens: int) -> Span:
             "gen_ai.completion.0.content": "ok",
             "gen_ai.completion.0.finish_reason": "stop",
             "gen_ai.response.id": "template",
-            "prompt_token_ids": list(range(tokens)),
-            "response_token_ids": list(range(tokens // 4)),
+            "prompt_token_ids": token_ids(tokens),
+            "response_token_ids": token_ids(tokens // 4, 1),
             "logprobs.content": json.dumps(logprobs),
         },
         events=[],

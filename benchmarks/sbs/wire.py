@@ -72,6 +72,12 @@ def rss_mb(pid: int | None = None) -> float:
     return float("nan")
 
 
+def token_ids(n: int, salt: int = 0) -> list[int]:
+    """``n`` token ids spread over a 150k vocabulary, as real ones are (not the small ints
+    CPython caches, so each parsed id is an object of its own, as in production)."""
+    return [256 + (i * 7919 + salt * 104729) % 150_000 for i in range(n)]
+
+
 def percentile(xs: Sequence[float], q: float) -> float:
     """The ``q`` quantile (0..1) by the nearest-rank method."""
     s = sorted(xs)

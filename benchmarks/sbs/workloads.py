@@ -52,9 +52,9 @@ class Sizes:
 FULL = Sizes(
     rounds=5,
     capture_pairs=10,
-    proxy_requests={1: 200, 8: 400, 32: 640},
+    proxy_requests={1: 200, 8: 240, 32: 320},
     store_rollouts=10_000,
-    store_http_rollouts=10_000,
+    store_http_rollouts=2_000,
     store_rounds=1,
     convert_rollouts=1_000,
     convert_sources=10,
@@ -311,13 +311,14 @@ def _wait_http(url: str, proc: Proc, timeout_s: float = 120.0) -> None:
             time.sleep(0.2)
 
 
-def _store_server(side: str, python: str, logs: Path) -> tuple[Proc, str, str]:
-    """A fresh store server (each side's own CLI, in-memory store): (proc, url, health)."""
+def _store_server(side: str, backend: str, python: str, logs: Path) -> tuple[Proc, str, str]:
+    """A fresh store server (each side's own CLI): (proc, url, health URL)."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     if side == "boltrl":
+        db = "memory://" if backend == "http" else str(logs / f"served-{port}.db")
         cli = "import sys; from boltrl.cli import main; sys.exit(main())"
-        argv = [python, "-c", cli, "store", "serve", "--db", "memory://", "--port", str(port)]
+        argv = [python, "-c", cli, "store", "serve", "--db", db, "--port", str(port)]
         proc = Proc("boltrl store serve", argv, logs / "boltrl-store.log", stops_on_eof=False)
         return proc, url, f"{url}/healthz"
     argv = [python, "-c", "import sys; from agentlightning.cli import main; sys.exit(main())"]
@@ -326,57 +327,68 @@ def _store_server(side: str, python: str, logs: Path) -> tuple[Proc, str, str]:
     return proc, url, f"{url}/v1/agl/health"
 
 
+STORE_ROWS = {
+    # boltrl's backend: (label, the peer's backend it is compared with)
+    "memory": ("in process, memory", "memory"),
+    "sqlite": ("in process, SQLite (boltrl) vs memory (AL)", "memory"),
+    "http": ("over HTTP, in-memory store server", "http"),
+    "http-sqlite": ("over HTTP, SQLite (boltrl) vs in-memory (AL) server", "http"),
+}
+
+
+def _store_run(
+    side: str, backend: str, python: str, logs: Path, n: int
+) -> tuple[float, float, float]:
+    """One run in fresh processes: (rollouts/s, RSS after the run, RSS the run added) of
+    the process holding the store (the server's for HTTP)."""
+    script = "boltrl_side.py" if side == "boltrl" else "peer_side.py"
+    env = PEER_ENV if side == "peer" else None
+    with ExitStack() as stack:
+        req: JSON = {"backend": backend, "rollouts": n, **STORE}
+        server = None
+        if backend.startswith("http"):
+            server, req["url"], health = _store_server(side, backend, python, logs)
+            stack.enter_context(server)
+            _wait_http(health, server)
+            base = rss_mb(server.pid)
+        log = logs / f"{side}-store.log"
+        worker = stack.enter_context(
+            Proc(f"{side} store worker", side_argv(python, script, "worker"), log, env)
+        )
+        out = worker.call("store", timeout_s=3600, **req)
+        if server is not None:
+            after = rss_mb(server.pid)
+            return n / out["seconds"], after, after - base
+        after = out["rss_after_mb"]
+        return n / out["seconds"], after, after - out["rss_before_mb"]
+
+
 def store(boltrl_py: str, peer_py: Path | None, logs: Path, sz: Sizes) -> Report:
-    """enqueue → claim → record 10 → finish, 8 workers; a fresh process per run."""
-    configs = [("boltrl", "memory"), ("boltrl", "sqlite"), ("boltrl", "http")]
+    """enqueue → claim → record 10 → finish, 8 workers; fresh processes per run."""
+    configs = [("boltrl", b) for b in STORE_ROWS]
     if peer_py is not None:
         configs += [("peer", "memory"), ("peer", "http")]
-    rate: dict[tuple[str, str], list[float]] = {c: [] for c in configs}
-    rss: dict[tuple[str, str], list[float]] = {c: [] for c in configs}
+    figs: dict[tuple[str, str], list[tuple[float, float, float]]] = {c: [] for c in configs}
     for r in range(sz.store_rounds):
         for side, backend in configs if r % 2 == 0 else configs[::-1]:
             python = boltrl_py if side == "boltrl" else str(peer_py)
-            script = "boltrl_side.py" if side == "boltrl" else "peer_side.py"
-            n = sz.store_http_rollouts if backend == "http" else sz.store_rollouts
-            with ExitStack() as stack:
-                req: JSON = {"backend": backend, "rollouts": n, **STORE}
-                server = None
-                if backend == "http":
-                    server, req["url"], health = _store_server(side, python, logs)
-                    stack.enter_context(server)
-                    _wait_http(health, server)
-                    base = rss_mb(server.pid)
-                env = PEER_ENV if side == "peer" else None
-                worker = stack.enter_context(
-                    Proc(
-                        f"{side} store worker",
-                        side_argv(python, script, "worker"),
-                        logs / f"{side}-store.log",
-                        env,
-                    )
-                )
-                out = worker.call("store", timeout_s=3600, **req)
-                rate[(side, backend)].append(n / out["seconds"])
-                if server is not None:  # the memory that matters is the server's
-                    rss[(side, backend)].append(rss_mb(server.pid) - base)
-                else:
-                    rss[(side, backend)].append(out["rss_after_mb"] - out["rss_before_mb"])
+            n = sz.store_http_rollouts if backend.startswith("http") else sz.store_rollouts
+            figs[(side, backend)].append(_store_run(side, backend, python, logs, n))
     rep = Report()
-    labels = {
-        "memory": "in process, memory",
-        "sqlite": "in process, SQLite (boltrl) vs memory (AL)",
-        "http": "over HTTP, in-memory store server",
-    }
-    for backend in ("memory", "sqlite", "http"):
-        w = f"3 · store, {labels[backend]}"
-        b = (rate[("boltrl", backend)], rss[("boltrl", backend)])
-        peer_key = ("peer", "http" if backend == "http" else "memory")
-        n = sz.store_http_rollouts if backend == "http" else sz.store_rollouts
-        what = f"rollouts/s ({n:,} rollouts)"
-        mem = "resident memory added by the run" + (" (server)" if backend == "http" else "")
-        p = (rate.get(peer_key), rss.get(peer_key))
-        rep.rows.append(compare(w, what, "/s", "higher", b[0], p[0]))
-        rep.rows.append(compare(w, mem, "MiB", "lower", b[1], p[1]))
+    for backend, (label, peer_backend) in STORE_ROWS.items():
+        w = f"3 · store, {label}"
+        n = sz.store_http_rollouts if backend.startswith("http") else sz.store_rollouts
+        where = " (server)" if backend.startswith("http") else ""
+        b = list(zip(*figs[("boltrl", backend)], strict=True))
+        peer = figs.get(("peer", peer_backend))
+        p = list(zip(*peer, strict=True)) if peer else [None, None, None]
+        measures = [
+            (f"rollouts/s ({n:,} rollouts)", "/s", "higher"),
+            (f"resident memory after the run{where}", "MiB", "lower"),
+            ("… of which the run added", "MiB", "lower"),
+        ]
+        for i, (what, unit, better) in enumerate(measures):
+            rep.rows.append(compare(w, what, unit, better, list(b[i]), p[i] and list(p[i])))
     return rep
 
 
