@@ -9,6 +9,32 @@ from collections import Counter
 from boltrl.records import AnyRecord, Resources, Rollout, RolloutStatus
 from boltrl.store._engine import StoreEngine
 
+_SHARED_FIELD_SETS: dict[frozenset[str], set[str]] = {}
+_MAX_SHARED = 256
+
+
+def _stored(record: AnyRecord, seq: int) -> AnyRecord:
+    """``record.model_copy(update={"seq": seq})``, except that the copy's set of explicitly
+    set fields is shared with every stored record that set the same fields.
+
+    pydantic keeps that set per instance (~700 bytes for a model call: more than the dict
+    of its values), and a store holds hundreds of thousands of records. Sharing it is
+    safe because records are frozen: pydantic changes the set only on attribute
+    assignment, and ``model_copy`` copies it before updating it.
+    """
+    names = frozenset(record.__pydantic_fields_set__ | {"seq"})
+    fields = _SHARED_FIELD_SETS.get(names)
+    if fields is None:
+        fields = set(names)
+        if len(_SHARED_FIELD_SETS) < _MAX_SHARED:
+            _SHARED_FIELD_SETS[names] = fields
+    copy = type(record).__new__(type(record))
+    object.__setattr__(copy, "__dict__", {**record.__dict__, "seq": seq})
+    object.__setattr__(copy, "__pydantic_fields_set__", fields)
+    object.__setattr__(copy, "__pydantic_extra__", None)  # records forbid extra fields
+    object.__setattr__(copy, "__pydantic_private__", None)  # and have no private ones
+    return copy
+
 
 class MemoryStore(StoreEngine):
     """A ``Store`` held in process memory (``open_store("memory://")``).
@@ -48,7 +74,7 @@ class MemoryStore(StoreEngine):
         for r in records:
             key = (r.attempt, r.id)
             if key not in stored:  # first write wins, its seq kept
-                stored[key] = r.model_copy(update={"seq": next(self._seq)})
+                stored[key] = _stored(r, next(self._seq))
 
     def _p_records(self, rollout_id: str) -> list[AnyRecord]:
         return list(self._records[rollout_id].values())
