@@ -67,13 +67,26 @@ async def _parse(request: Request, model: type[T] | TypeAdapter[T]) -> T:
 
 
 class _Once:
-    """Remembers responses by ``Idempotency-Key`` so a retried request acts only once."""
+    """Remembers responses by ``Idempotency-Key`` so a retried request acts only once.
+
+    A request whose answer is the rollout as it now stands (finish, cancel) remembers
+    how to answer again instead of the answer itself: a finished rollout's body carries
+    all its records (tens of kB), and thousands of them are remembered at a time.
+    """
 
     def __init__(self) -> None:
-        self._done: OrderedDict[str, tuple[int, bytes]] = OrderedDict()
+        self._done: OrderedDict[str, tuple[int, bytes | Callable[[], Awaitable[Response]]]]
+        self._done = OrderedDict()
         self._inflight: dict[str, asyncio.Event] = {}
 
-    async def __call__(self, request: Request, fn: Callable[[], Awaitable[Response]]) -> Response:
+    async def __call__(
+        self,
+        request: Request,
+        fn: Callable[[], Awaitable[Response]],
+        replay: Callable[[], Awaitable[Response]] | None = None,
+    ) -> Response:
+        """Answer with ``fn``, or as the first request with this key was answered; with
+        ``replay``, a repeat of a request that succeeded is answered by calling it."""
         key = request.headers.get("idempotency-key")
         if key is None:
             return await _guard(fn)
@@ -81,12 +94,17 @@ class _Once:
             await self._inflight[key].wait()
         if key in self._done:
             status, body = self._done[key]
+            if not isinstance(body, bytes):
+                return await _guard(body)
             return Response(content=body, status_code=status, media_type="application/json")
         event = self._inflight[key] = asyncio.Event()
         try:
             resp = await _guard(fn)
             if resp.status_code < 500:
-                self._done[key] = (resp.status_code, bytes(resp.body))
+                again: bytes | Callable[[], Awaitable[Response]] = bytes(resp.body)
+                if replay is not None and resp.status_code < 300:
+                    again = replay
+                self._done[key] = (resp.status_code, again)
                 while len(self._done) > _IDEMPOTENCY_CACHE:
                     self._done.popitem(last=False)
             return resp
@@ -211,10 +229,17 @@ def store_router(store: Store, token: str | None = None) -> APIRouter:
 
         return _json(await run(store_all))
 
+    async def current(rollout_id: str) -> Response:
+        return _json(await run(partial(store.get, rollout_id)))
+
     @router.post("/finish")
     async def finish(request: Request) -> Response:
+        rollout_id = ""
+
         async def go() -> Response:
+            nonlocal rollout_id
             req = await _parse(request, w.FinishRequest)
+            rollout_id = req.attempt.rollout_id
             call = partial(
                 store.finish,
                 req.attempt,
@@ -226,14 +251,14 @@ def store_router(store: Store, token: str | None = None) -> APIRouter:
             )
             return _json(await run(call))
 
-        return await once(request, go)
+        return await once(request, go, lambda: current(rollout_id))
 
     @router.post("/rollouts/{rollout_id}/cancel")
     async def cancel(request: Request, rollout_id: str) -> Response:
         async def go() -> Response:
             return _json(await run(partial(store.cancel, rollout_id)))
 
-        return await once(request, go)
+        return await once(request, go, lambda: current(rollout_id))
 
     @router.get("/rollouts/{rollout_id}")
     async def get(rollout_id: str) -> Response:
