@@ -111,7 +111,7 @@ def _eval_run(args: argparse.Namespace) -> int:
 
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--steps", type=int, default=None, help="training steps (default 16)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default 12)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")

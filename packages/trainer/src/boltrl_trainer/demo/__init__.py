@@ -88,7 +88,7 @@ DEMO_CONFIG: dict[str, Any] = {
     "model": "smollm2",
     "algorithm": "grpo",
     "algo": {},
-    "steps": 16,
+    "steps": 12,
     "batch_tasks": 8,
     "group_size": 8,
     "concurrency": 64,
@@ -96,7 +96,7 @@ DEMO_CONFIG: dict[str, Any] = {
     "max_tokens": 16,
     "lora": {"r": 16, "alpha": 32},
     "optim": {"lr": 2e-4, "token_budget": 4096},
-    "val_every": 4,
+    "val_every": 6,
     "out_dir": "runs/demo",
 }
 """What ``boltrl demo`` trains with (any field can be overridden with ``--set``)."""
