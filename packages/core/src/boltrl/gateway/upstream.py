@@ -7,6 +7,10 @@ that returns no ids (SGLang without the extension, hosted APIs) still serves; it
 are recorded with token ids None, which the trainer refuses loudly rather than
 re-tokenizing. A server that rejects the unknown ``return_token_ids`` field is asked
 once more without it, and never again.
+
+Requests go over the gateway's own small HTTP/1.1 client (``_http``: a fraction of
+httpx's cost per request); through httpx when the environment names an HTTP proxy for
+the upstream (``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``ALL_PROXY``, minus ``NO_PROXY``).
 """
 
 from __future__ import annotations
@@ -14,13 +18,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import urllib.request
 import weakref
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx
 
 from boltrl.errors import BackendError, BackendUnavailable
+from boltrl.gateway import _http
+from boltrl.gateway._json import dumps, loads
 from boltrl.gateway.backend import Generation, GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -35,6 +42,24 @@ def _base_url(url: str) -> str:
     if urlsplit(url).path in ("", "/"):
         url += "/v1"  # a bare server address: OpenAI-compatible servers serve under /v1
     return url
+
+
+def _proxied(url: str) -> bool:
+    """Whether the environment routes requests to ``url`` through an HTTP proxy."""
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies_environment()
+    if parts.scheme not in proxies and "all" not in proxies:
+        return False
+    return not urllib.request.proxy_bypass(parts.hostname or "")
+
+
+class _Answer(Protocol):
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def content(self) -> bytes: ...
+    @property
+    def text(self) -> str: ...
 
 
 def _ids(value: Any) -> list[int] | None:
@@ -70,23 +95,37 @@ class UpstreamBackend:
         self.policy_version = policy_version
         self._ask_ids = request_token_ids
         self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        self._timeout = httpx.Timeout(timeout_s, connect=10.0)
-        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=64)
+        self._timeout_s = timeout_s
+        self._max_connections = max_connections
+        self._via_httpx = _proxied(self.base_url)
         # Connections belong to the event loop that opened them; the backend may outlive
         # one gateway's loop and serve another's, so each loop gets its own pool.
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]
-        self._clients = weakref.WeakKeyDictionary()
+        self._clients: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, _http.Pool | httpx.AsyncClient
+        ] = weakref.WeakKeyDictionary()
 
-    def _client(self) -> httpx.AsyncClient:
+    def _client(self) -> _http.Pool | httpx.AsyncClient:
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:
-            client = httpx.AsyncClient(
-                base_url=self.base_url,
-                headers=self._headers,
-                timeout=self._timeout,
-                limits=self._limits,
-            )
+            if self._via_httpx:
+                client = httpx.AsyncClient(
+                    base_url=self.base_url,
+                    headers=self._headers,
+                    timeout=httpx.Timeout(self._timeout_s, connect=10.0),
+                    limits=httpx.Limits(
+                        max_connections=self._max_connections, max_keepalive_connections=64
+                    ),
+                )
+            else:
+                client = _http.Pool(
+                    self.base_url,
+                    self._headers,
+                    timeout_s=self._timeout_s,
+                    connect_timeout_s=10.0,
+                    max_connections=self._max_connections,
+                    max_idle=64,
+                )
             self._clients[loop] = client
         return client
 
@@ -110,10 +149,17 @@ class UpstreamBackend:
             body["stop"] = request.stop
         return body
 
-    async def _post(self, body: JSON) -> httpx.Response:
+    async def _post(self, body: JSON) -> _Answer:
+        client = self._client()
+        payload = dumps(body)
         try:
-            return await self._client().post("/chat/completions", json=body)
-        except (httpx.TimeoutException, httpx.NetworkError) as e:
+            if isinstance(client, _http.Pool):
+                return await client.post_json("/chat/completions", payload)
+            headers = {"content-type": "application/json"}
+            return await client.post("/chat/completions", content=payload, headers=headers)
+        except _http.ProtocolError as e:
+            raise BackendError(f"upstream {self.base_url} failed: {e}") from e
+        except (_http.TransportError, httpx.TimeoutException, httpx.NetworkError) as e:
             raise BackendUnavailable(f"upstream {self.base_url} unreachable: {e!r}") from e
         except httpx.HTTPError as e:
             raise BackendError(f"upstream {self.base_url} failed: {e!r}") from e
@@ -133,7 +179,7 @@ class UpstreamBackend:
             cls = BackendUnavailable if resp.status_code in _UNAVAILABLE else BackendError
             raise cls(f"upstream {self.base_url} answered {resp.status_code}: {resp.text[:500]}")
         try:
-            return self._generation(resp.json())
+            return self._generation(loads(resp.content))
         except (ValueError, KeyError, IndexError, TypeError) as e:
             raise BackendError(f"upstream {self.base_url} sent an unreadable answer: {e!r}") from e
 
@@ -183,9 +229,16 @@ class UpstreamBackend:
         current = asyncio.get_running_loop()
         for loop, client in clients:
             if loop is current:
-                await client.aclose()
+                await _close(client)
             elif loop.is_running():
-                asyncio.run_coroutine_threadsafe(client.aclose(), loop)
+                asyncio.run_coroutine_threadsafe(_close(client), loop)
+
+
+async def _close(client: _http.Pool | httpx.AsyncClient) -> None:
+    if isinstance(client, _http.Pool):
+        client.close()
+    else:
+        await client.aclose()
 
 
 def _tool_call(tc: JSON, index: int) -> JSON:
