@@ -1,7 +1,8 @@
 """Arithmetic word problems for ``calc_agent``: a deterministic builder and a GSM8K reader.
 
 ``python data.py`` (re)builds the shipped splits in ``data/`` from templated problems of
-graded difficulty (``level`` 1: one operation, 2: two, 3: three); the same seed always
+graded difficulty (``level`` 1: adding or taking away a few, 2: one operation on
+bigger numbers, 3: two operations, 4: three); the same seed always
 writes the same bytes. ``python data.py --gsm8k PATH --out FILE`` converts GSM8K's public
 JSONL (``{"question", "answer": "... #### 72"}``) into the same task format. The agent
 also reads GSM8K records as they are, so ``tasks.train: /path/to/gsm8k/train.jsonl`` in a
@@ -32,6 +33,23 @@ ITEMS = ["apple", "pencil", "sticker", "marble", "book", "cookie", "card", "shel
 
 def _level1(r: random.Random) -> tuple[str, str, int]:
     name, item = r.choice(NAMES), r.choice(ITEMS)
+    if r.randrange(2):
+        a, b = r.randint(2, 20), r.randint(2, 9)
+        return (
+            f"{name} has {a} {item}s and gets {b} more. How many {item}s does {name} have now?",
+            f"{a} + {b}",
+            a + b,
+        )
+    a, b = r.randint(10, 20), r.randint(2, 9)
+    return (
+        f"{name} had {a} {item}s and lost {b} of them. How many {item}s does {name} have left?",
+        f"{a} - {b}",
+        a - b,
+    )
+
+
+def _level2(r: random.Random) -> tuple[str, str, int]:
+    name, item = r.choice(NAMES), r.choice(ITEMS)
     a, b = r.randint(10, 99), r.randint(10, 99)
     kind = r.randrange(4)
     if kind == 0:
@@ -59,7 +77,7 @@ def _level1(r: random.Random) -> tuple[str, str, int]:
     )
 
 
-def _level2(r: random.Random) -> tuple[str, str, int]:
+def _level3(r: random.Random) -> tuple[str, str, int]:
     name, item = r.choice(NAMES), r.choice(ITEMS)
     kind = r.randrange(3)
     if kind == 0:
@@ -87,7 +105,7 @@ def _level2(r: random.Random) -> tuple[str, str, int]:
     )
 
 
-def _level3(r: random.Random) -> tuple[str, str, int]:
+def _level4(r: random.Random) -> tuple[str, str, int]:
     name = r.choice(NAMES)
     kind = r.randrange(3)
     if kind == 0:
@@ -122,11 +140,12 @@ LEVELS: dict[int, Callable[[random.Random], tuple[str, str, int]]] = {
     1: _level1,
     2: _level2,
     3: _level3,
+    4: _level4,
 }
 
 
 def build(seed: int = 0) -> dict[str, list[Task]]:
-    """Every split's tasks, levels interleaved (1, 2, 3, 1, ...) so that any prefix of a
+    """Every split's tasks, levels interleaved (1, 2, 3, 4, 1, ...) so that any prefix of a
     split (``--limit``, ``tasks.limit_val``) has all levels; questions never repeat across
     splits."""
     rng = random.Random(seed)
@@ -198,6 +217,14 @@ def gold_answer(task: Task) -> int | float:
     """A task's gold number, from our format or a raw GSM8K record."""
     answer = task["answer"]
     return parse_gsm8k_answer(answer) if isinstance(answer, str) else answer
+
+
+def easy_train() -> list[Task]:
+    """The shipped training tasks of levels 1 and 2: where a small model (SmolLM2-135M)
+    starts above zero, so GRPO's groups have rewards to compare (the CPU default)."""
+    path = Path(__file__).resolve().parent / "data" / "train.jsonl"
+    tasks = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [t for t in tasks if t["level"] in (1, 2)]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +63,16 @@ class Index:
         return [self.docs[int(i)] for i, s in zip(found[0], scores[0], strict=True) if s > 0]
 
 
-@functools.cache
+_indexes: dict[str, Index] = {}
+_indexes_lock = threading.Lock()
+
+
 def corpus_index(path: str) -> Index:
-    """The shared corpus' index, built once per process."""
-    return Index(load_corpus(HERE / path))
+    """The shared corpus' index, built once per process (rollouts run concurrently)."""
+    with _indexes_lock:
+        if path not in _indexes:
+            _indexes[path] = Index(load_corpus(HERE / path))
+        return _indexes[path]
 
 
 def index_for(task: dict[str, Any]) -> Index:

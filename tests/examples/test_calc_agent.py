@@ -79,9 +79,15 @@ def test_builder_is_deterministic_and_the_shipped_data_is_its_output(
     questions = [t["question"] for tasks in splits.values() for t in tasks]
     assert len(questions) == len(set(questions)), "a question repeats across splits"
     for tasks in splits.values():
-        assert [t["level"] for t in tasks[:6]] == [1, 2, 3, 1, 2, 3]
+        assert [t["level"] for t in tasks[:8]] == [1, 2, 3, 4, 1, 2, 3, 4]
         for t in tasks:
             assert ex.module.evaluate(t["solution"]) == str(t["answer"]), t
+
+
+def test_easy_train_is_the_shipped_levels_1_and_2(ex: Example) -> None:
+    easy = ex.data.easy_train()
+    assert easy == [t for t in ex.data.build(0)["train"] if t["level"] <= 2]
+    assert len(easy) == 150
 
 
 def test_gsm8k_reader(tmp_path: Path, ex: Example) -> None:
@@ -155,7 +161,7 @@ def test_calculator_evaluates_arithmetic_and_nothing_else(ex: Example) -> None:
 
 
 def _task(ex: Example) -> dict[str, Any]:
-    return ex.data.build(0)["val"][2]  # a level-3 problem
+    return ex.data.build(0)["val"][3]  # a level-4 problem
 
 
 def test_correct_trajectory(ex: Example) -> None:
