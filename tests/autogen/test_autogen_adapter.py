@@ -11,10 +11,12 @@ import asyncio
 import logging
 import warnings
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
+import adapter_harness
 import pytest
-from ag_util import annotation, call, normalize, reply, reward, tool_call, tool_step
+from adapter_harness import reply, reward, tool_call, tool_step
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.teams import RoundRobinGroupChat
@@ -31,6 +33,11 @@ from boltrl.records import LLM, Attempt, Resources, RolloutStatus, Task
 from boltrl.store import open_store
 from boltrl.testing import ScriptedBackend
 from boltrl_autogen import AGENTCHAT_LOGGER, CORE_LOGGER, BoltrlEventHandler
+
+# AutoGen sends tool_choice with its tools, and its events carry the response message only
+call = partial(adapter_harness.call, tool_choice="auto")
+annotation = partial(adapter_harness.annotation, message_only=True)
+normalize = partial(adapter_harness.normalize, refs="span")
 
 JSON = dict[str, Any]
 FW = "autogen"

@@ -14,7 +14,7 @@ from typing import Any
 
 import dspy
 import pytest
-from dspy_util import annotation, call, normalize, reply, reward, tool_step
+from adapter_harness import annotation, call, normalize, reply, reward, tool_step
 
 import boltrl
 import boltrl_dspy

@@ -12,6 +12,7 @@ import warnings
 from typing import Any
 
 import pytest
+from adapter_harness import annotation, call, normalize, reply, reward, tool_call, tool_step
 from langchain_core.caches import InMemoryCache
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.outputs import ChatGeneration, LLMResult
@@ -21,7 +22,6 @@ from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
-from lc_util import annotation, call, normalize, reply, reward, tool_call, tool_step
 from pydantic import BaseModel
 
 import boltrl

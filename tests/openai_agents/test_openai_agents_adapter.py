@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 import warnings
 from collections.abc import Iterator
+from functools import partial
 from typing import Any, Literal
 
+import adapter_harness
 import agents
 import pytest
+from adapter_harness import call, reply, reward, tool_call, tool_step
 from agents import (
     Agent,
     Model,
@@ -25,7 +28,6 @@ from agents import (
     function_tool,
 )
 from agents.tracing import get_trace_provider
-from oa_util import annotation, call, normalize, reply, reward, tool_call, tool_step
 from openai import AsyncOpenAI
 
 import boltrl
@@ -35,6 +37,10 @@ from boltrl.records import LLM, Resources, RolloutStatus, Task
 from boltrl.store import open_store
 from boltrl.testing import ScriptedBackend
 from boltrl_openai_agents import BoltrlTracingProcessor
+
+# the Agents SDK's spans carry the response message only
+annotation = partial(adapter_harness.annotation, message_only=True)
+normalize = partial(adapter_harness.normalize, refs="span")
 
 JSON = dict[str, Any]
 Api = Literal["chat.completions", "responses"]

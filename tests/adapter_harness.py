@@ -1,5 +1,10 @@
-"""Helpers of the AutoGen adapter tests: a rollout normalized for whole-record
-comparison, and the records a ScriptedBackend call must produce."""
+"""Helpers of the adapter tests (LangChain, DSPy, AutoGen, Agents SDK): a rollout
+normalized for whole-record comparison, and the records a ScriptedBackend call must
+produce.
+
+The root ``pyproject.toml`` puts ``tests/`` on pytest's ``pythonpath``, so each adapter's
+tests ``import adapter_harness``; what differs between frameworks is a keyword here
+(``refs``, ``api``, ``tool_choice``, ``message_only``), bound in the test module."""
 
 from __future__ import annotations
 
@@ -10,14 +15,17 @@ from boltrl.records import Rollout
 from boltrl.testing import SCRIPTED_LOGPROB, TEMPLATE_HASH, render_prompt, render_reply
 
 JSON = dict[str, Any]
+
 AS_CALL: Any = object()
 """Default of ``annotation``'s fields: take the value from the call."""
 
 
 class Labels:
-    """Stable names for ids that differ run to run: ``call-0``…, ``span-0``…"""
+    """Stable names for ids that differ run to run: ``call-0``…, and ``run-0``… (or
+    whatever ``refs`` says: the frameworks' own word for a span) for the rest."""
 
-    def __init__(self) -> None:
+    def __init__(self, refs: str = "run") -> None:
+        self.refs = refs
         self.names: dict[str, str] = {}
         self._counts: dict[str, int] = {}
 
@@ -29,10 +37,10 @@ class Labels:
         return self.names[value]
 
     def ref(self, value: str | None) -> str | None:
-        """The label of a call id already seen, else a ``span-N`` label."""
+        """A reference: the label of a call id already seen, else a ``<refs>-N`` label."""
         if value is None:
             return None
-        return self.names.get(value) or self.new(value, "span")
+        return self.names.get(value) or self.new(value, self.refs)
 
 
 def _timed(rec: JSON) -> JSON:
@@ -40,10 +48,10 @@ def _timed(rec: JSON) -> JSON:
     return rec | {"started_at": 0.0, "ended_at": 0.0}
 
 
-def normalize(ro: Rollout) -> JSON:
+def normalize(ro: Rollout, *, refs: str = "run") -> JSON:
     """The rollout with its run-to-run variation (ids, times, store order) replaced by
-    labels, every other field kept."""
-    lab = Labels()
+    labels, every other field kept; ids that are not calls' are labelled ``<refs>-N``."""
+    lab = Labels(refs)
     for c in ro.calls:
         lab.new(c.id, "call")
     fixed = {"rollout_id": "ro", "seq": 0}
@@ -103,12 +111,16 @@ def call(
     response: JSON,
     tools: list[JSON] | None = None,
     stream: bool = False,
+    api: str = "chat.completions",
+    tool_choice: str | None = None,
 ) -> JSON:
-    """The normalized ``LLMCall`` a ScriptedBackend call is recorded (and joined) as."""
-    request: JSON = {"api": "chat.completions", "model": "scripted", "messages": messages}
+    """The normalized ``LLMCall`` a ScriptedBackend call is recorded (and joined) as;
+    ``tool_choice`` is what the framework's client sends along with ``tools``."""
+    request: JSON = {"api": api, "model": "scripted", "messages": messages}
     if tools is not None:
         request["tools"] = tools
-        request["tool_choice"] = "auto"
+        if tool_choice is not None:
+            request["tool_choice"] = tool_choice
     if stream:
         request["stream"] = True
     prompt = render_prompt(GenerationRequest(messages=messages, tools=tools)).encode()
@@ -150,11 +162,19 @@ def annotation(
     index: int,
     call_id: str | None,
     framework: str,
+    cached: bool = False,
+    agent: str | None = None,
+    parent: str | None = None,
     messages: Any = AS_CALL,
     response: Any = AS_CALL,
+    message_only: bool = False,
 ) -> JSON:
     """The normalized annotation an adapter records for the call ``c`` (as built by
-    ``call``): unless told otherwise, its request messages and its response message."""
+    ``call``): unless told otherwise, its request messages and its response, of which
+    the framework saw the message alone with ``message_only`` (no finish reason);
+    ``call_id`` None when the framework hid the response id."""
+    if response is AS_CALL:
+        response = {"message": c["response"]["message"]} if message_only else c["response"]
     return {
         "kind": "call_annotation",
         "seq": 0,
@@ -162,12 +182,12 @@ def annotation(
         "attempt": 1,
         "call_id": call_id,
         "span_id": span,
-        "parent_id": c["parent_id"],
-        "agent": c["agent"],
+        "parent_id": parent if parent is not None else c["parent_id"],
+        "agent": agent if agent is not None else c["agent"],
         "framework": framework,
         "request_messages": c["request"]["messages"] if messages is AS_CALL else messages,
-        "response": {"message": c["response"]["message"]} if response is AS_CALL else response,
-        "cached": False,
+        "response": response,
+        "cached": cached,
         "index": index,
     }
 
@@ -203,7 +223,7 @@ def tool_step(
     }
 
 
-def reward(value: float, *, index: int) -> JSON:
+def reward(value: float, *, index: int, final: bool = False) -> JSON:
     return {
         "kind": "reward",
         "seq": 0,
@@ -214,5 +234,5 @@ def reward(value: float, *, index: int) -> JSON:
         "call_id": None,
         "index": index,
         "timestamp": 0.0,
-        "final": False,
+        "final": final,
     }
