@@ -252,7 +252,7 @@ def test_boltrl_eval_on_the_tiny_model(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=240,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines()[0].split() == ["split", "tasks", "reward", "±", "std", "failed"]
