@@ -21,7 +21,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import os
 import sys
 import threading
 import uuid
@@ -29,11 +28,12 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any
 
 from autogen_agentchat.messages import ToolCallExecutionEvent, ToolCallRequestEvent
 from autogen_core.logging import LLMCallEvent, LLMStreamEndEvent, LLMStreamStartEvent, ToolCallEvent
 
+from boltrl.adapter_support import Counters, new_id
 from boltrl.context import RolloutContext, current
 from boltrl.records import CallAnnotation, ToolStep
 from boltrl_autogen import _convert as cv
@@ -42,38 +42,18 @@ log = logging.getLogger(__name__)
 
 FRAMEWORK = "autogen"
 
-T = TypeVar("T")
 JSON = dict[str, Any]
 
-_stats_lock = threading.Lock()
-_stats = {"calls": 0, "tool_steps": 0, "failures": 0, "field_failures": 0}
+_counters = Counters("boltrl_autogen", log, "calls", "tool_steps")
+_count = _counters.count
+_failed = _counters.failed
+_field = _counters.field
 
 
 def stats() -> dict[str, int]:
     """Counters since import: ``calls`` and ``tool_steps`` recorded, ``failures`` (a hook
     that could not record; logged) and ``field_failures`` (one field left empty)."""
-    with _stats_lock:
-        return dict(_stats)
-
-
-def _new_id(prefix: str) -> str:
-    """``boltrl.records.new_id``'s format, without building a ``uuid.UUID`` (a few µs
-    per record on the agent's path)."""
-    return f"{prefix}-{os.urandom(16).hex()}"
-
-
-def _count(key: str) -> None:
-    with _stats_lock:
-        _stats[key] += 1
-
-
-def _field(fn: Callable[..., T | None], *args: Any) -> T | None:
-    try:
-        return fn(*args)
-    except Exception:
-        _count("field_failures")
-        log.debug("boltrl_autogen: %s failed; field left empty", fn.__name__, exc_info=True)
-        return None
+    return _counters.snapshot()
 
 
 @dataclass(slots=True)
@@ -171,12 +151,7 @@ class BoltrlEventHandler(logging.Handler):
         try:
             fn(record.msg, ctx, record.created)
         except Exception:
-            _count("failures")
-            log.warning(
-                "boltrl_autogen: recording a %s failed; the record is lost",
-                type(record.msg).__name__,
-                exc_info=True,
-            )
+            _failed(f"recording a {type(record.msg).__name__}")
 
     def _state(self, ctx: RolloutContext) -> _State:
         st = self._states.get(ctx)
@@ -200,7 +175,7 @@ class BoltrlEventHandler(logging.Handler):
         span_id = f"{_SPAN_PREFIX}{next(_span_numbers)}"
         ctx.add(
             CallAnnotation(
-                id=_new_id("ann"),
+                id=new_id("ann"),
                 call_id=call_id,
                 span_id=span_id,
                 parent_id=agent_id,
@@ -283,7 +258,7 @@ class BoltrlEventHandler(logging.Handler):
         call_id, span_id = asked if asked else (None, None)
         ctx.add(
             ToolStep(
-                id=_new_id("tool"),
+                id=new_id("tool"),
                 name=name,
                 arguments=arguments,
                 result=result,

@@ -22,12 +22,13 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from dspy.utils.callback import ACTIVE_CALL_ID, BaseCallback
 
+from boltrl.adapter_support import Counters
 from boltrl.context import RolloutContext, current
 from boltrl.records import CallAnnotation, ToolStep
 from boltrl_dspy import _convert as cv
@@ -38,37 +39,17 @@ FRAMEWORK = "dspy"
 _MAX_OPEN = 10_000
 """Open module / LM / tool calls kept per callback; beyond it the oldest go."""
 
-T = TypeVar("T")
-
-_stats_lock = threading.Lock()
-_stats = {"calls": 0, "cached_calls": 0, "tool_steps": 0, "failures": 0, "field_failures": 0}
+_counters = Counters("boltrl_dspy", log, "calls", "cached_calls", "tool_steps")
+_count = _counters.count
+_failed = _counters.failed
+_field = _counters.field
 
 
 def stats() -> dict[str, int]:
     """Counters since import: ``calls`` recorded (``cached_calls``: DSPy cache hits,
     recorded apart), ``tool_steps``, ``failures`` (a hook that could not record; logged)
     and ``field_failures`` (one field left empty)."""
-    with _stats_lock:
-        return dict(_stats)
-
-
-def _count(key: str) -> None:
-    with _stats_lock:
-        _stats[key] += 1
-
-
-def _failed(where: str) -> None:
-    _count("failures")
-    log.warning("boltrl_dspy: %s failed; the record is lost", where, exc_info=True)
-
-
-def _field(fn: Callable[..., T], *args: Any) -> T | None:
-    try:
-        return fn(*args)
-    except Exception:
-        _count("field_failures")
-        log.debug("boltrl_dspy: %s failed; field left empty", fn.__name__, exc_info=True)
-        return None
+    return _counters.snapshot()
 
 
 @dataclass(slots=True, frozen=True)

@@ -16,15 +16,16 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.outputs import LLMResult
 
+from boltrl.adapter_support import Counters
 from boltrl.context import RolloutContext, current
 from boltrl.records import CallAnnotation, ToolStep
 from boltrl_langchain import _convert as cv
@@ -35,37 +36,17 @@ FRAMEWORK = "langchain"
 _MAX_OPEN = 10_000
 """Open runs / remembered tool-call ids kept per handler; beyond it the oldest go."""
 
-T = TypeVar("T")
-
-_stats_lock = threading.Lock()
-_stats = {"calls": 0, "cached_calls": 0, "tool_steps": 0, "failures": 0, "field_failures": 0}
+_counters = Counters("boltrl_langchain", log, "calls", "cached_calls", "tool_steps")
+_count = _counters.count
+_failed = _counters.failed
+_field = _counters.field
 
 
 def stats() -> dict[str, int]:
     """Counters since import: ``calls`` recorded (``cached_calls``: LangChain cache hits,
     recorded apart), ``tool_steps``, ``failures`` (a hook that could not record; logged)
     and ``field_failures`` (one field left empty)."""
-    with _stats_lock:
-        return dict(_stats)
-
-
-def _count(key: str) -> None:
-    with _stats_lock:
-        _stats[key] += 1
-
-
-def _failed(where: str) -> None:
-    _count("failures")
-    log.warning("boltrl_langchain: %s failed; the record is lost", where, exc_info=True)
-
-
-def _field(fn: Callable[..., T], *args: Any) -> T | None:
-    try:
-        return fn(*args)
-    except Exception:
-        _count("field_failures")
-        log.debug("boltrl_langchain: %s failed; field left empty", fn.__name__, exc_info=True)
-        return None
+    return _counters.snapshot()
 
 
 def _tool_name(serialized: Mapping[str, Any] | None, kwargs: Mapping[str, Any]) -> str:

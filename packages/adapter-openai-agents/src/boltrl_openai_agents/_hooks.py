@@ -19,11 +19,10 @@ Every field is extracted on its own, so an odd field is left empty and the rest 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from agents.tracing import (
     AgentSpanData,
@@ -37,6 +36,7 @@ from agents.tracing import (
     TurnSpanData,
 )
 
+from boltrl.adapter_support import Counters, new_id
 from boltrl.context import RolloutContext, current
 from boltrl.records import CallAnnotation, ToolStep
 from boltrl_openai_agents import _convert as cv
@@ -45,44 +45,19 @@ log = logging.getLogger(__name__)
 
 FRAMEWORK = "openai-agents"
 
-T = TypeVar("T")
 JSON = dict[str, Any]
 _UNKNOWN: Any = object()
 
-_stats_lock = threading.Lock()
-_stats = {"calls": 0, "tool_steps": 0, "failures": 0, "field_failures": 0}
+_counters = Counters("boltrl_openai_agents", log, "calls", "tool_steps")
+_count = _counters.count
+_failed = _counters.failed
+_field = _counters.field
 
 
 def stats() -> dict[str, int]:
     """Counters since import: ``calls`` and ``tool_steps`` recorded, ``failures`` (a hook
     that could not record; logged) and ``field_failures`` (one field left empty)."""
-    with _stats_lock:
-        return dict(_stats)
-
-
-def _new_id(prefix: str) -> str:
-    """``boltrl.records.new_id``'s format, without building a ``uuid.UUID`` (a few µs
-    per record on the agent's path)."""
-    return f"{prefix}-{os.urandom(16).hex()}"
-
-
-def _count(key: str) -> None:
-    with _stats_lock:
-        _stats[key] += 1
-
-
-def _failed(where: str) -> None:
-    _count("failures")
-    log.warning("boltrl_openai_agents: %s failed; the record is lost", where, exc_info=True)
-
-
-def _field(fn: Callable[..., T | None], *args: Any) -> T | None:
-    try:
-        return fn(*args)
-    except Exception:
-        _count("field_failures")
-        log.debug("boltrl_openai_agents: %s failed; field left empty", fn.__name__, exc_info=True)
-        return None
+    return _counters.snapshot()
 
 
 @dataclass(slots=True)
@@ -225,7 +200,7 @@ class BoltrlTracingProcessor(TracingProcessor):
     ) -> None:
         st.ctx.add(
             CallAnnotation(
-                id=_new_id("ann"),
+                id=new_id("ann"),
                 call_id=call_id,
                 span_id=span.span_id,
                 parent_id=st.agent_span_id,
@@ -270,7 +245,7 @@ class BoltrlTracingProcessor(TracingProcessor):
         call = st.parent.call if st.parent is not None else None
         st.ctx.add(
             ToolStep(
-                id=_new_id("tool"),
+                id=new_id("tool"),
                 name=name,
                 arguments=arguments,
                 result=result,

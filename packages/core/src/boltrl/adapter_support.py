@@ -1,0 +1,71 @@
+"""Plumbing the framework adapters share: the counters behind each adapter's ``stats()``
+and the two ways a hook reports trouble without raising into the user's agent.
+
+An adapter's hooks run on the agent's path, inside the framework. They promise never to
+raise: a hook body that fails is logged and counted (``Counters.failed``), and each field
+of a record is extracted on its own (``Counters.field``), so one odd field is left empty
+and the rest of the record kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = ["Counters", "new_id"]
+
+T = TypeVar("T")
+
+
+def new_id(prefix: str) -> str:
+    """``boltrl.records.new_id``'s format (``<prefix>-<32 hex digits>``), without building
+    a ``uuid.UUID`` (a few µs per record on the agent's path)."""
+    return f"{prefix}-{os.urandom(16).hex()}"
+
+
+class Counters:
+    """Counters of one adapter since import, safe to bump from any thread.
+
+    Holds the adapter's own keys (e.g. ``calls``, ``tool_steps``) and always ``failures``
+    (a hook that could not record) and ``field_failures`` (one field left empty). No
+    method raises, except ``count`` for a key it was not given (a bug in the adapter).
+    """
+
+    def __init__(self, name: str, log: logging.Logger, *keys: str) -> None:
+        """``name`` starts each logged line (the adapter's import name); ``log`` is the
+        adapter's logger; ``keys`` are its counters besides the two failure counts."""
+        self._name = name
+        self._log = log
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys((*keys, "failures", "field_failures"), 0)
+
+    def count(self, key: str) -> None:
+        """Add one to ``key``."""
+        with self._lock:
+            self._counts[key] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        """A copy of every counter, taken at once."""
+        with self._lock:
+            return dict(self._counts)
+
+    def failed(self, where: str) -> None:
+        """Count a hook that could not record, and log the exception being handled as a
+        warning naming ``where``; call it from the ``except`` block that caught it."""
+        self.count("failures")
+        self._log.warning("%s: %s failed; the record is lost", self._name, where, exc_info=True)
+
+    def field(self, fn: Callable[..., T | None], *args: Any) -> T | None:
+        """``fn(*args)``, or None (counted as a field failure, logged at debug) if it
+        raises."""
+        try:
+            return fn(*args)
+        except Exception:
+            self.count("field_failures")
+            self._log.debug(
+                "%s: %s failed; field left empty", self._name, fn.__name__, exc_info=True
+            )
+            return None
