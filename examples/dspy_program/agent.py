@@ -4,8 +4,9 @@ Ordinary DSPy code; the one boltrl line is the callback passed with ``dspy.conte
 boltrl records each LM call under the predictor that made it (``plan``, ``answer``),
 which is the agent name training can select on (``credit.agents``).
 
-The reward is the task's metric on the final answer (``reward.py``); an answer DSPy
-cannot parse out of the model's reply scores 0.
+The reward is the task's metric on the final answer (``reward.py``); a reply without
+DSPy's field markers is read as plain text (``PlainTextFallback``), and an answer with no
+number in it scores 0.
 
 Run it on its own against any OpenAI-compatible server:
 
@@ -67,10 +68,25 @@ class PlanAndAnswer(dspy.Module):
         return self.answer(question=question, plan=plan)
 
 
+class PlainTextFallback(dspy.ChatAdapter):
+    """DSPy's ChatAdapter that also takes a reply without DSPy's ``[[ ## field ## ]]``
+    markers as the value of the signature's only output field: small models often drop
+    the markers, and the metric reads the number out of the text anyway."""
+
+    def parse(self, signature: type[dspy.Signature], completion: str) -> dict[str, Any]:
+        try:
+            return super().parse(signature, completion)
+        except AdapterParseError:
+            if len(signature.output_fields) != 1:
+                raise
+            [name] = signature.output_fields
+            return {name: completion.replace("[[ ## completed ## ]]", "").strip()}
+
+
 program = PlanAndAnswer()
-# One LM call per predictor: without this, a reply DSPy cannot parse is retried with
-# another adapter (JSON), an extra call the model was never asked for in the same way.
-adapter = dspy.ChatAdapter(use_json_adapter_fallback=False)
+# One LM call per predictor: without use_json_adapter_fallback=False, a reply DSPy cannot
+# parse is retried with another adapter (JSON): an extra call with a different prompt.
+adapter = PlainTextFallback(use_json_adapter_fallback=False)
 
 
 def make_lm(llm: boltrl.LLM) -> dspy.LM:
