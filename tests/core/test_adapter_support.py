@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from boltrl.adapter_support import Counters, new_id
+from boltrl.adapter_support import Counters, jsonable, new_id
 
 LOG = logging.getLogger("boltrl_test_adapter")
 
@@ -64,3 +64,26 @@ def test_field_returns_the_value_or_none_and_counts(caplog: pytest.LogCaptureFix
 def test_new_id_has_the_records_format() -> None:
     a, b = new_id("ann"), new_id("ann")
     assert re.fullmatch(r"ann-[0-9a-f]{32}", a) and a != b
+
+
+class _Dumped:
+    def model_dump(self) -> dict[str, object]:
+        return {"k": (1, {2: "v"})}
+
+
+class _Broken:
+    def model_dump(self) -> object:
+        raise RuntimeError("no")
+
+    def __str__(self) -> str:
+        return "broken"
+
+
+def test_jsonable_rebuilds_structure_and_dumps_objects() -> None:
+    assert jsonable({"a": [_Dumped(), _Broken(), None], 3: (1.5, True)}) == {
+        "a": [{"k": [1, {"2": "v"}]}, "broken", None],
+        "3": [1.5, True],
+    }
+    assert jsonable({1, 2}) in ("{1, 2}", "{2, 1}")
+    d = _Dumped()
+    assert jsonable(d, ()) == str(d)  # no dump methods asked for

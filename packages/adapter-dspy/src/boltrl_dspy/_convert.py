@@ -11,36 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from boltrl.adapter_support import jsonable as _jsonable
+
 JSON = dict[str, Any]
 
 
-_SCALARS = frozenset({str, int, float, bool, type(None)})
-
-
 def jsonable(value: Any) -> Any:
-    """``value`` as JSON-serializable data: itself when it already is, else its
-    ``model_dump()`` / ``toDict()`` (pydantic, DSPy objects) or ``str()``."""
-    kind = type(value)
-    if kind in _SCALARS:
-        return value
-    if kind is dict:  # exact types first: no ABC checks on the hot path (messages)
-        return {k if type(k) is str else str(k): jsonable(v) for k, v in value.items()}
-    if kind is list or kind is tuple:
-        return [jsonable(v) for v in value]
-    if isinstance(value, str | int | float | bool):
-        return value
-    if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    for method in ("model_dump", "toDict"):
-        dump = getattr(value, method, None)
-        if callable(dump):
-            try:
-                return jsonable(dump())
-            except Exception:
-                pass
-    return str(value)
+    """``value`` as JSON-serializable data (DSPy objects through ``toDict()``)."""
+    return _jsonable(value, ("model_dump", "toDict"))
 
 
 def request_messages(inputs: Mapping[str, Any]) -> list[JSON] | None:

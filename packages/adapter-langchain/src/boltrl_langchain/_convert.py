@@ -15,6 +15,8 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 from langchain_core.outputs import LLMResult
 
+from boltrl.adapter_support import jsonable
+
 JSON = dict[str, Any]
 
 _ROLES = {
@@ -25,35 +27,6 @@ _ROLES = {
     "function": "function",
     "developer": "developer",
 }
-
-
-_SCALARS = frozenset({str, int, float, bool, type(None)})
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` as JSON-serializable data: itself when it already is, else its
-    ``model_dump()`` (pydantic) or ``str()``."""
-    kind = type(value)
-    if kind in _SCALARS:
-        return value
-    if kind is dict:  # exact types first: no ABC checks on the hot path (messages)
-        return {k if type(k) is str else str(k): jsonable(v) for k, v in value.items()}
-    if kind is list or kind is tuple:
-        return [jsonable(v) for v in value]
-    if isinstance(value, str | int | float | bool):
-        return value
-    if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    for method in ("model_dump",):
-        dump = getattr(value, method, None)
-        if callable(dump):
-            try:
-                return jsonable(dump())
-            except Exception:
-                pass
-    return str(value)
 
 
 def _content(content: Any) -> Any:

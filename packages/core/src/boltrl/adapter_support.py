@@ -1,5 +1,6 @@
-"""Plumbing the framework adapters share: the counters behind each adapter's ``stats()``
-and the two ways a hook reports trouble without raising into the user's agent.
+"""Plumbing the framework adapters share: the counters behind each adapter's ``stats()``,
+the two ways a hook reports trouble without raising into the user's agent, and
+``jsonable`` for the SDK objects a record carries.
 
 An adapter's hooks run on the agent's path, inside the framework. They promise never to
 raise: a hook body that fails is logged and counted (``Counters.failed``), and each field
@@ -12,18 +13,47 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-__all__ = ["Counters", "new_id"]
+__all__ = ["Counters", "jsonable", "new_id"]
 
 T = TypeVar("T")
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def new_id(prefix: str) -> str:
     """``boltrl.records.new_id``'s format (``<prefix>-<32 hex digits>``), without building
     a ``uuid.UUID`` (a few µs per record on the agent's path)."""
     return f"{prefix}-{os.urandom(16).hex()}"
+
+
+def jsonable(value: Any, dumps: tuple[str, ...] = ("model_dump",)) -> Any:
+    """``value`` as JSON-serializable data: itself when it already is; mappings and
+    sequences rebuilt item by item (keys as strings); any other object through the first
+    of its ``dumps`` methods that works (pydantic's ``model_dump``), else ``str()``."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is dict:  # exact types first: no ABC checks on the hot path (messages)
+        return {k if type(k) is str else str(k): jsonable(v, dumps) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [jsonable(v, dumps) for v in value]
+    if isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v, dumps) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v, dumps) for v in value]
+    for method in dumps:
+        dump = getattr(value, method, None)
+        if callable(dump):
+            try:
+                return jsonable(dump(), dumps)
+            except Exception:
+                pass
+    return str(value)
 
 
 class Counters:
