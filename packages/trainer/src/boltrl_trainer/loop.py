@@ -206,6 +206,7 @@ class Trainer:
             chosen, run=self.run_name, step=step, phase="train", repeat=cfg.group_size
         )
         busy0 = session.backend.busy_s
+        tokens0 = backend.stats().get("completion_tokens", 0)
         rollouts = session.run(tasks, sampling, label=f"step {step}/{cfg.steps}")
         t_rollout = time.perf_counter() - t_step
         generation_s = session.backend.busy_s - busy0
@@ -230,6 +231,8 @@ class Trainer:
             # runners, credit assignment, batching
             "time/overhead_s": max(step_s - generation_s - upd.get("time/update_s", 0.0), 0.0),
             "throughput/completion_tokens_total": gen.get("completion_tokens", 0),
+            "throughput/tokens_per_s": (gen.get("completion_tokens", 0) - tokens0)
+            / max(t_rollout, 1e-9),
             "throughput/rollouts_per_s": len(rollouts) / max(t_rollout, 1e-9),
         }
         metrics.write(step, row)
