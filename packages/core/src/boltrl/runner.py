@@ -311,37 +311,36 @@ class Runner:
             return
         run = _AgentRun(self.agent, dict(attempt.task.input), llm, ctx)
         run.start()
+        current = self._supervise(run, ctx, attempt)
+        if current is not None:
+            ctx.flush()
+            self._report(run, current)
+
+    def _supervise(self, run: _AgentRun, ctx: RolloutContext, attempt: Attempt) -> Attempt | None:
+        """Heartbeat until the agent returns; returns the (renewed) attempt then, or None
+        when the attempt was ended here (abort, timeout) or taken away (abandoned)."""
         deadline = None if attempt.timeout_s is None else time.monotonic() + attempt.timeout_s
         while True:
             wait = self.heartbeat_s
             if deadline is not None:
                 wait = min(wait, max(0.0, deadline - time.monotonic()))
             if run.done.wait(wait):
-                break
-            if self._abort.is_set():
+                return attempt
+            if self._abort.is_set() or (deadline is not None and time.monotonic() >= deadline):
                 run.cancel()
                 ctx.close()
-                self._finish(
-                    attempt,
-                    RolloutStatus.FAILED,
-                    error="runner aborted",
-                    kind="aborted",
-                    retryable=True,
+                aborted = self._abort.is_set()
+                if not aborted:
+                    with self._lock:
+                        self.stats.timed_out += 1
+                error = (
+                    "runner aborted"
+                    if aborted
+                    else f"agent did not finish within timeout_s={attempt.timeout_s}"
                 )
-                return
-            if deadline is not None and time.monotonic() >= deadline:
-                run.cancel()
-                ctx.close()
-                with self._lock:
-                    self.stats.timed_out += 1
-                self._finish(
-                    attempt,
-                    RolloutStatus.FAILED,
-                    error=f"agent did not finish within timeout_s={attempt.timeout_s}",
-                    kind="timeout",
-                    retryable=True,
-                )
-                return
+                kind = "aborted" if aborted else "timeout"
+                self._finish(attempt, RolloutStatus.FAILED, error=error, kind=kind, retryable=True)
+                return None
             try:
                 attempt = self.store.heartbeat(attempt, lease_s=self.lease_s)
                 ctx.attempt = attempt
@@ -351,20 +350,20 @@ class Runner:
                 ctx.close(flush=False)
                 with self._lock:
                     self.stats.abandoned += 1
-                return
+                return None
             except BoltrlError:
                 log.exception("boltrl runner: heartbeat failed for %s", attempt.rollout_id)
             ctx.flush()
 
-        ctx.flush()
+    def _report(self, run: _AgentRun, attempt: Attempt) -> None:
+        """Finish the attempt with what the agent returned or raised."""
         if run.error is not None:
-            retry = self.retryable(run.error)
             self._finish(
                 attempt,
                 RolloutStatus.FAILED,
                 error=run.error_text,
                 kind="exception",
-                retryable=retry,
+                retryable=self.retryable(run.error),
             )
             return
         try:
