@@ -17,6 +17,7 @@ import boltrl
 from boltrl.loading import load_object
 from boltrl.records import Rollout, RolloutStatus
 from boltrl.testing import ScriptedBackend
+from boltrl_trainer.config import load_config
 from boltrl_trainer.models import tiny_model
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "dspy_program"
@@ -185,6 +186,21 @@ def test_wrong_trajectories(example_agent: Any, task: dict[str, Any]) -> None:
         rollout = _run(example_agent, task, script)
         assert rollout.reward == 0.0, script
         assert [c.agent for c in rollout.calls] == ["plan", "answer"]
+
+
+# -- configs -------------------------------------------------------------------------
+
+
+def test_configs_validate_and_so_does_the_gpu_setting(tmp_path: Path) -> None:
+    for name in ("train.yaml", "eval.yaml"):
+        assert load_config(EXAMPLE / name).tasks.val is not None, name
+    # train.yaml's commented GPU block, uncommented (what docs/gpu.md tells users to do)
+    head, _, gpu = (EXAMPLE / "train.yaml").read_text().partition("\n# GPU")
+    block = "\n".join(line[2:] for line in gpu.splitlines()[1:] if line.startswith("# "))
+    (tmp_path / "gpu.yaml").write_text(head + "\n" + block + "\n")
+    cfg = load_config(tmp_path / "gpu.yaml")
+    assert (cfg.backend, cfg.model, cfg.dtype) == ("verl", "Qwen/Qwen2.5-1.5B-Instruct", "bfloat16")
+    assert cfg.verl is not None and cfg.verl.n_gpus_per_node == 1
 
 
 # -- boltrl eval ---------------------------------------------------------------------

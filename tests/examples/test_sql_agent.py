@@ -239,6 +239,25 @@ def test_training_only_the_writer(example_agent: Any, task: dict[str, Any]) -> N
     assert load_config(EXAMPLE / "train.yaml").credit == {"mode": "final"}
 
 
+# -- configs -------------------------------------------------------------------------
+
+
+def test_configs_validate_and_so_does_the_gpu_setting(tmp_path: Path) -> None:
+    for name in ("train.yaml", "train_writer.yaml", "eval.yaml"):
+        assert load_config(EXAMPLE / name).tasks.val is not None, name
+    # train.yaml's commented GPU block, uncommented (what docs/gpu.md tells users to do)
+    head, _, gpu = (EXAMPLE / "train.yaml").read_text().partition("\n# GPU")
+    block = "\n".join(line[2:] for line in gpu.splitlines()[1:] if line.startswith("# "))
+    (tmp_path / "gpu.yaml").write_text(head + "\n" + block + "\n")
+    cfg = load_config(tmp_path / "gpu.yaml")
+    assert (cfg.backend, cfg.model, cfg.dtype) == (
+        "verl",
+        "Qwen/Qwen2.5-Coder-1.5B-Instruct",
+        "bfloat16",
+    )
+    assert cfg.verl is not None and cfg.verl.n_gpus_per_node == 1
+
+
 # -- boltrl eval ---------------------------------------------------------------------
 
 
