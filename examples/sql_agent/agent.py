@@ -166,7 +166,7 @@ def solve(task: dict[str, Any], llm: boltrl.LLM) -> State:
     model = ChatOpenAI(
         model=llm.model,
         base_url=llm.base_url,
-        api_key=llm.api_key,  # type: ignore[arg-type]
+        api_key=llm.api_key,
         temperature=llm.temperature,
         top_p=llm.top_p,
         max_tokens=llm.max_tokens or 256,  # type: ignore[call-arg]
@@ -192,7 +192,7 @@ def solve(task: dict[str, Any], llm: boltrl.LLM) -> State:
 def agent(task: dict[str, Any], llm: boltrl.LLM) -> float:
     """boltrl's agent contract: solve the task, return the execution-match reward."""
     final = solve(task, llm)
-    return execution_match(final["sql"], task["query"], final["db_path"])
+    return execution_match(final["sql"], str(task["query"]), final["db_path"])
 
 
 def main() -> None:

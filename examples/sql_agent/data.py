@@ -120,13 +120,14 @@ def build_database(path: Path, seed: int) -> None:
         city = rng.choice(sorted(CITIES))
         customers.append((i, name, city, CITIES[city], rng.randint(2015, 2023)))
     suppliers = [(i, n, c) for i, (n, c) in enumerate(SUPPLIERS, 1)]
-    products = []
+    products: list[tuple[int, str, str, float, int]] = []
     for category, nouns in PRODUCTS.items():
         for noun in nouns.split():
             name = f"{rng.choice(ADJECTIVES.split())} {noun}"
             price = round(rng.uniform(2, 300), 2)
             products.append((len(products) + 1, name, category, price, rng.randint(1, 8)))
-    orders, items = [], []
+    orders: list[tuple[int, int, str, str]] = []
+    items: list[tuple[int, int, int]] = []
     # a few customers and products are left out of every order ("never ordered" questions)
     buyers = [c[0] for c in customers][:-4]
     sold = [p[0] for p in products][:-3]
