@@ -50,7 +50,35 @@ _EXPORTS: dict[str, str] = {
     "CreditConfig": "boltrl.credit",
 }
 
-__all__ = [*_EXPORTS, "__version__"]
+__all__ = [
+    "LLM",
+    "SCHEMA_VERSION",
+    "Attempt",
+    "AttemptOutcome",
+    "Backend",
+    "CallAnnotation",
+    "CreditConfig",
+    "Gateway",
+    "LLMCall",
+    "Resources",
+    "RewardEvent",
+    "Rollout",
+    "RolloutStatus",
+    "Runner",
+    "Store",
+    "Task",
+    "ToolStep",
+    "Transition",
+    "UpstreamBackend",
+    "__version__",
+    "annotate_call",
+    "current_rollout",
+    "emit_reward",
+    "open_store",
+    "record_tool_step",
+    "run_rollout",
+    "transitions",
+]
 
 _ALIASES = {"current_rollout": "current"}
 
@@ -65,27 +93,61 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from boltrl.context import annotate_call, emit_reward, record_tool_step
-    from boltrl.context import current as current_rollout
-    from boltrl.credit import CreditConfig, transitions
-    from boltrl.gateway import Gateway
-    from boltrl.gateway.backend import Backend
-    from boltrl.gateway.upstream import UpstreamBackend
-    from boltrl.local import run_rollout
-    from boltrl.records import (
-        LLM,
-        SCHEMA_VERSION,
-        Attempt,
-        AttemptOutcome,
-        CallAnnotation,
-        LLMCall,
-        Resources,
-        RewardEvent,
-        Rollout,
-        RolloutStatus,
-        Task,
-        ToolStep,
-        Transition,
+    from boltrl.context import (
+        annotate_call as annotate_call,
     )
-    from boltrl.runner import Runner
-    from boltrl.store import Store, open_store
+    from boltrl.context import current as current_rollout
+    from boltrl.context import (
+        emit_reward as emit_reward,
+    )
+    from boltrl.context import (
+        record_tool_step as record_tool_step,
+    )
+    from boltrl.credit import CreditConfig as CreditConfig
+    from boltrl.credit import transitions as transitions
+    from boltrl.gateway import Gateway as Gateway
+    from boltrl.gateway.backend import Backend as Backend
+    from boltrl.gateway.upstream import UpstreamBackend as UpstreamBackend
+    from boltrl.local import run_rollout as run_rollout
+    from boltrl.records import (
+        LLM as LLM,
+    )
+    from boltrl.records import (
+        SCHEMA_VERSION as SCHEMA_VERSION,
+    )
+    from boltrl.records import (
+        Attempt as Attempt,
+    )
+    from boltrl.records import (
+        AttemptOutcome as AttemptOutcome,
+    )
+    from boltrl.records import (
+        CallAnnotation as CallAnnotation,
+    )
+    from boltrl.records import (
+        LLMCall as LLMCall,
+    )
+    from boltrl.records import (
+        Resources as Resources,
+    )
+    from boltrl.records import (
+        RewardEvent as RewardEvent,
+    )
+    from boltrl.records import (
+        Rollout as Rollout,
+    )
+    from boltrl.records import (
+        RolloutStatus as RolloutStatus,
+    )
+    from boltrl.records import (
+        Task as Task,
+    )
+    from boltrl.records import (
+        ToolStep as ToolStep,
+    )
+    from boltrl.records import (
+        Transition as Transition,
+    )
+    from boltrl.runner import Runner as Runner
+    from boltrl.store import Store as Store
+    from boltrl.store import open_store as open_store
