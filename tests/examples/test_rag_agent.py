@@ -234,6 +234,21 @@ def test_a_raw_musique_record_is_a_task(ex: Example) -> None:
     assert [r.value for r in rollout.rewards] == [0.1, 0.1]
 
 
+def test_configs_validate_and_so_does_the_gpu_setting(tmp_path: Path) -> None:
+    from boltrl_trainer.config import load_config
+
+    for name in ("train.yaml", "eval.yaml"):
+        assert load_config(EXAMPLE / name).tasks.val is not None, name
+    # train.yaml's commented GPU block, uncommented (what the README tells users to do)
+    head, _, gpu = (EXAMPLE / "train.yaml").read_text().partition("\n# GPU")
+    block = "\n".join(line[2:] for line in gpu.splitlines()[1:] if line.startswith("# "))
+    (tmp_path / "gpu.yaml").write_text(head + "\n" + block + "\n")
+    cfg = load_config(tmp_path / "gpu.yaml")
+    assert (cfg.backend, cfg.model, cfg.dtype) == ("verl", "Qwen/Qwen2.5-1.5B-Instruct", "bfloat16")
+    assert cfg.verl is not None and cfg.verl.tool_call_parser == "hermes"
+    assert cfg.credit == {"mode": "discounted", "gamma": 1.0}
+
+
 def test_boltrl_eval_on_the_tiny_model(tmp_path: Path) -> None:
     from boltrl_trainer.models import tiny_model
 
