@@ -18,9 +18,11 @@ from typing import Any
 import pytest
 
 import boltrl
+from boltrl.credit import CreditConfig
 from boltrl.loading import load_object
 from boltrl.records import RolloutStatus
 from boltrl.testing import ScriptedBackend
+from boltrl_trainer.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "rag_agent"
@@ -199,6 +201,10 @@ def test_correct_trajectory(ex: Example, docs: dict[str, dict[str, str]]) -> Non
     assert [(r.name, r.value, r.final) for r in rollout.rewards] == [("gold_doc", 0.1, False)] * 2
     calls, rewards = rollout.calls, rollout.rewards
     assert calls[0].seq < rewards[0].seq < calls[1].seq < rewards[1].seq < calls[2].seq
+    # train.yaml's credit: return-to-go, so each search is credited with what it found
+    credit = load_config(EXAMPLE / "train.yaml").credit
+    steps_credit = [t.reward for t in boltrl.transitions(rollout, CreditConfig.from_dict(credit))]
+    assert steps_credit == pytest.approx([1.2, 1.1, 1.0])
 
 
 def test_wrong_trajectories(ex: Example) -> None:
@@ -235,8 +241,6 @@ def test_a_raw_musique_record_is_a_task(ex: Example) -> None:
 
 
 def test_configs_validate_and_so_does_the_gpu_setting(tmp_path: Path) -> None:
-    from boltrl_trainer.config import load_config
-
     for name in ("train.yaml", "eval.yaml"):
         assert load_config(EXAMPLE / name).tasks.val is not None, name
     # train.yaml's commented GPU block, uncommented (what the README tells users to do)
