@@ -74,8 +74,11 @@ def test_rollouts_run_on_the_engines_and_their_ids_reach_the_verl_batch(
         rollouts = session.run(tasks, sampling, label="step 1")
         assert store.resources().model == "policy"
     assert [r.status for r in rollouts] == [RolloutStatus.SUCCEEDED] * 6
-    # both replicas served, two calls per rollout, each rollout on one replica
-    assert sorted(b.calls for b in backends) == [6, 6]
+    # both replicas served, two calls per rollout, each rollout on one replica (so each
+    # replica served whole rollouts: an even count). The split itself follows in-flight
+    # load and timing, so it is not asserted.
+    served = [b.calls for b in backends]
+    assert sum(served) == 12 and all(n > 0 and n % 2 == 0 for n in served), served
     assert sorted(r.reward for r in rollouts) == [0.0] * 3 + [1.0] * 3
     items = [t for r in rollouts for t in transitions(r, CreditConfig())]
     assert len(items) == 12
