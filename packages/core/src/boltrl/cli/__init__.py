@@ -83,13 +83,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = build_commands()
     parser = build_parser(commands)
     args = parser.parse_args(argv)
+    # boltrl's own loggers at INFO, everyone else's at WARNING: at INFO, libraries (HTTP
+    # clients, agent SDKs' event logs) print a line per request and drown what matters.
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if not args.verbose:  # one INFO line per HTTP request drowns what matters
-        for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "uvicorn.access"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
+    if not args.verbose:
+        for ours in ("boltrl", "boltrl_trainer"):
+            logging.getLogger(ours).setLevel(logging.INFO)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
