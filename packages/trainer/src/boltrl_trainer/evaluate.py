@@ -62,15 +62,10 @@ def _backend(
     from boltrl_trainer.loop import load_policy
 
     policy, tok = load_policy(cfg if checkpoint else cfg.model_copy(update={"lora": None}))
-    if checkpoint is not None:
-        from boltrl_trainer.algorithms import make_config
-        from boltrl_trainer.update import TorchTrainingBackend
+    if checkpoint is not None:  # weights only: evaluation needs no optimizer state
+        from boltrl_trainer.update import load_trainable
 
-        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        tb = TorchTrainingBackend(
-            policy, make_config(cfg.algorithm, cfg.algo), cfg.optim, pad_id=int(pad)
-        )
-        tb.load(Path(checkpoint))
+        load_trainable(policy, Path(checkpoint))
     return TransformersBackend(
         policy,
         tok,

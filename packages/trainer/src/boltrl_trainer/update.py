@@ -253,15 +253,22 @@ class TorchTrainingBackend:
 
     def load(self, path: Path) -> None:
         import torch
-        from safetensors.torch import load_file
 
-        state = load_file(str(path / "trainable.safetensors"))
-        named = dict(self.model.named_parameters())
-        unknown = [k for k in state if k not in named]
-        if unknown:
-            raise ValueError(f"checkpoint {path} does not fit this model: {unknown[:3]}")
-        with torch.no_grad():
-            for k, v in state.items():
-                named[k].copy_(v.to(named[k].device))
+        load_trainable(self.model, path)
         opt = torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(opt)
+
+
+def load_trainable(model: Any, path: Path) -> None:
+    """Copy a checkpoint's trainable weights (``trainable.safetensors``) into ``model``."""
+    import torch
+    from safetensors.torch import load_file
+
+    state = load_file(str(path / "trainable.safetensors"))
+    named = dict(model.named_parameters())
+    unknown = [k for k in state if k not in named]
+    if unknown:
+        raise ValueError(f"checkpoint {path} does not fit this model: {unknown[:3]}")
+    with torch.no_grad():
+        for k, v in state.items():
+            named[k].copy_(v.to(named[k].device))
