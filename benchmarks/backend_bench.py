@@ -27,8 +27,8 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from boltrl.gateway.backend import GenerationRequest
-from boltrl_trainer.backend import TransformersBackend
 from boltrl_trainer.models import load_model
+from boltrl_trainer.serving import TransformersBackend
 
 TOPICS = ["a lighthouse", "the moon", "a robot", "rain", "a cat", "the sea", "a clock", "bread"]
 

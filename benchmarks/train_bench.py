@@ -33,8 +33,8 @@ def main() -> None:
 
     from boltrl_trainer.config import load_config
     from boltrl_trainer.demo import DEMO_CONFIG
-    from boltrl_trainer.loop import Trainer
     from boltrl_trainer.models import tiny_model
+    from boltrl_trainer.trainer import Trainer
 
     model = str(tiny_model()) if args.model == "tiny" else args.model
     out = Path(args.out or tempfile.mkdtemp(prefix="boltrl-train-bench-"))

@@ -11,8 +11,8 @@ import torch
 
 from boltrl.gateway.backend import Generation, GenerationRequest
 from boltrl_trainer._chat import TOOLS_PROMPT
-from boltrl_trainer.backend import TransformersBackend
 from boltrl_trainer.models import load_model
+from boltrl_trainer.serving import TransformersBackend
 
 JSON = dict[str, Any]
 

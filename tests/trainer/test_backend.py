@@ -15,8 +15,8 @@ from backend_util import Forced, assert_generation_truth, chat
 
 from boltrl.errors import BackendUnavailable, InvalidInput
 from boltrl.gateway.backend import Backend, Generation, GenerationRequest
-from boltrl_trainer.backend import TransformersBackend
 from boltrl_trainer.models import SMOLLM2_CHAT_TEMPLATE, load_model
+from boltrl_trainer.serving import TransformersBackend
 
 JSON = dict[str, Any]
 pytestmark = pytest.mark.usefixtures("no_backend_errors")

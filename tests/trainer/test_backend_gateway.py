@@ -22,7 +22,7 @@ from boltrl.records import Attempt, LLMCall, Task
 from boltrl.store import open_store
 from boltrl.store.base import Store
 from boltrl_trainer._chat import template_hash
-from boltrl_trainer.backend import TransformersBackend
+from boltrl_trainer.serving import TransformersBackend
 
 JSON = dict[str, Any]
 pytestmark = pytest.mark.usefixtures("no_backend_errors")

@@ -13,7 +13,7 @@ import pytest
 
 from boltrl_trainer.config import load_config
 from boltrl_trainer.demo import DEMO_CONFIG
-from boltrl_trainer.loop import Trainer
+from boltrl_trainer.trainer import Trainer
 
 
 @pytest.mark.slow

@@ -10,9 +10,9 @@ import torch
 from boltrl.gateway.backend import GenerationRequest
 from boltrl.records import Transition
 from boltrl_trainer.algorithms import make_config
-from boltrl_trainer.backend import TransformersBackend
 from boltrl_trainer.config import LoraConfig, OptimConfig
 from boltrl_trainer.models import load_model, tiny_model
+from boltrl_trainer.serving import TransformersBackend
 from boltrl_trainer.update import TorchTrainingBackend, TrainBatch, apply_lora
 
 

@@ -9,12 +9,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from boltrl_trainer.backend import TransformersBackend
     from boltrl_trainer.models import DEFAULT_MODEL, load_model, resolve_model, tiny_model
+    from boltrl_trainer.serving import TransformersBackend
 
 _EXPORTS = {
     "DEFAULT_MODEL": "boltrl_trainer.models",
-    "TransformersBackend": "boltrl_trainer.backend",
+    "TransformersBackend": "boltrl_trainer.serving",
     "load_model": "boltrl_trainer.models",
     "resolve_model": "boltrl_trainer.models",
     "tiny_model": "boltrl_trainer.models",

@@ -74,7 +74,7 @@ def _prepare(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from boltrl.gateway import Gateway
     from boltrl_trainer import models
-    from boltrl_trainer.backend import TransformersBackend
+    from boltrl_trainer.serving import TransformersBackend
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -44,7 +44,7 @@ def _report(result: Any) -> None:
 
 
 def _train_run(args: argparse.Namespace) -> int:
-    from boltrl_trainer.loop import Trainer
+    from boltrl_trainer.trainer import Trainer
 
     try:
         cfg = _load(args)
@@ -120,7 +120,7 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
 def _demo_run(args: argparse.Namespace) -> int:
     from boltrl_trainer.config import load_config
     from boltrl_trainer.demo import DEMO_CONFIG
-    from boltrl_trainer.loop import Trainer
+    from boltrl_trainer.trainer import Trainer
 
     overrides = [f"seed={args.seed}", f"out_dir={args.out}", *args.overrides]
     if args.steps is not None:

@@ -58,8 +58,8 @@ def _backend(
         if model is None:
             raise InvalidInput("--model: required with --upstream (the served model's name)")
         return UpstreamBackend(upstream, model)
-    from boltrl_trainer.backend import TransformersBackend
-    from boltrl_trainer.loop import load_policy
+    from boltrl_trainer.serving import TransformersBackend
+    from boltrl_trainer.trainer import load_policy
 
     policy, tok = load_policy(cfg if checkpoint else cfg.model_copy(update={"lora": None}))
     if checkpoint is not None:  # weights only: evaluation needs no optimizer state

@@ -116,7 +116,7 @@ class Trainer:
     def run(self, *, resume: bool = False) -> TrainResult:
         import torch
 
-        from boltrl_trainer.backend import TransformersBackend
+        from boltrl_trainer.serving import TransformersBackend
 
         cfg = self.cfg
         self.out.mkdir(parents=True, exist_ok=True)
