@@ -22,7 +22,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-JSON = dict[str, Any]
+from boltrl._common import JSON
 
 
 def get(obj: Any, key: str) -> Any:

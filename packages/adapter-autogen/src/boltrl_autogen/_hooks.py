@@ -33,6 +33,7 @@ from typing import Any
 from autogen_agentchat.messages import ToolCallExecutionEvent, ToolCallRequestEvent
 from autogen_core.logging import LLMCallEvent, LLMStreamEndEvent, LLMStreamStartEvent, ToolCallEvent
 
+from boltrl._common import JSON
 from boltrl.adapter_support import Counters, new_id
 from boltrl.context import RolloutContext, current
 from boltrl.records import CallAnnotation, ToolStep
@@ -42,7 +43,6 @@ log = logging.getLogger(__name__)
 
 FRAMEWORK = "autogen"
 
-JSON = dict[str, Any]
 
 _counters = Counters("boltrl_autogen", log, "calls", "tool_steps")
 _count = _counters.count

@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from boltrl._common import JSON
 from boltrl.adapter_support import jsonable as _jsonable
-
-JSON = dict[str, Any]
 
 
 def jsonable(value: Any) -> Any:

@@ -15,9 +15,8 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 from langchain_core.outputs import LLMResult
 
+from boltrl._common import JSON
 from boltrl.adapter_support import jsonable
-
-JSON = dict[str, Any]
 
 _ROLES = {
     "human": "user",

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-JSON = dict[str, Any]
+from boltrl._common import JSON
 
 FAKE_ID = "__fake_id__"
 """The SDK's placeholder id on Responses objects it builds from Chat Completions."""

@@ -36,6 +36,7 @@ from agents.tracing import (
     TurnSpanData,
 )
 
+from boltrl._common import JSON
 from boltrl.adapter_support import Counters, new_id
 from boltrl.context import RolloutContext, current
 from boltrl.records import CallAnnotation, ToolStep
@@ -45,7 +46,6 @@ log = logging.getLogger(__name__)
 
 FRAMEWORK = "openai-agents"
 
-JSON = dict[str, Any]
 _UNKNOWN: Any = object()
 
 _counters = Counters("boltrl_openai_agents", log, "calls", "tool_steps")

@@ -11,22 +11,17 @@ and the rest of the record kept.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
+
+from boltrl._common import new_id
 
 __all__ = ["Counters", "jsonable", "new_id"]
 
 T = TypeVar("T")
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
-
-
-def new_id(prefix: str) -> str:
-    """``boltrl.records.new_id``'s format (``<prefix>-<32 hex digits>``), without building
-    a ``uuid.UUID`` (a few µs per record on the agent's path)."""
-    return f"{prefix}-{os.urandom(16).hex()}"
 
 
 def jsonable(value: Any, dumps: tuple[str, ...] = ("model_dump",)) -> Any:

@@ -12,20 +12,15 @@ from __future__ import annotations
 
 import enum
 import math
-import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
+from boltrl._common import JSON as JSON
+from boltrl._common import new_id as new_id
+
 SCHEMA_VERSION = 1
 """Bumped whenever a record changes shape; stored with every serialized rollout."""
-
-JSON = dict[str, Any]
-
-
-def new_id(prefix: str) -> str:
-    """A fresh, sortable-enough unique id such as ``ro-3f2a…``."""
-    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 class _Record(BaseModel):

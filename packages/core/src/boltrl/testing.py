@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeAlias
 
+from boltrl._common import JSON
 from boltrl.errors import BackendError
 from boltrl.gateway.backend import Generation, GenerationRequest
 
@@ -35,7 +36,6 @@ __all__ = [
     "render_reply",
 ]
 
-JSON = dict[str, Any]
 Reply: TypeAlias = "str | JSON | BaseException | Callable[[GenerationRequest], str | JSON]"
 """A script item: assistant text; ``{"content"?: str, "tool_calls": [{"name", "arguments",
 "id"?}]}``; an exception to raise (a backend failure); or a function of the request

@@ -24,7 +24,7 @@ import re
 import uuid
 from typing import Any
 
-JSON = dict[str, Any]
+from boltrl._common import JSON
 
 TOOLS_PROMPT = (
     "# Tools\n\n"

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from boltrl._common import JSON
 from boltrl.gateway._errors import RequestError
-
-JSON = dict[str, Any]
 
 
 def json_type(value: Any) -> str:

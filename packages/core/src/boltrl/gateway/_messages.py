@@ -16,11 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from boltrl._common import JSON
 from boltrl.gateway._errors import RequestError
 from boltrl.gateway._fields import expect
 from boltrl.gateway._json import dumps_str
-
-JSON = dict[str, Any]
 
 _TEXT_PARTS = ("text", "input_text", "output_text")
 _ROLES = {

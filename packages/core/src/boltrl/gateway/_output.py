@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
+from boltrl._common import JSON
 from boltrl.gateway.backend import Generation, GenerationRequest
-
-JSON = dict[str, Any]
 
 _WORDS = re.compile(r"\s*\S+\s*|\s+")
 MAX_PIECES = 32

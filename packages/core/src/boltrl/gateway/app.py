@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from boltrl._common import JSON
 from boltrl.errors import BackendUnavailable, BoltrlError
 from boltrl.gateway import chat, responses
 from boltrl.gateway._errors import RequestError, error_body
@@ -40,7 +41,6 @@ from boltrl.store.base import Store
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 

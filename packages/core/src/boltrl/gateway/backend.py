@@ -6,7 +6,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-JSON = dict[str, Any]
+from boltrl._common import JSON
 
 
 class GenerationRequest(BaseModel):

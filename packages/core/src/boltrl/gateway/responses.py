@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from boltrl._common import JSON
 from boltrl.gateway import _fields as f
 from boltrl.gateway import _messages
 from boltrl.gateway._errors import RequestError
 from boltrl.gateway._json import dumps
 from boltrl.gateway._output import ParsedCall, pieces, split, usage_of
 from boltrl.gateway.backend import Generation, GenerationRequest
-
-JSON = dict[str, Any]
 
 
 def parse(body: JSON) -> ParsedCall:

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from boltrl._common import JSON
 from boltrl.errors import BackendError, BackendUnavailable
 from boltrl.gateway import _http
 from boltrl.gateway._json import dumps, loads
@@ -32,7 +33,6 @@ from boltrl.gateway.backend import Generation, GenerationRequest
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 _TOKEN_ID = re.compile(r"token_id:(\d+)")
 _UNAVAILABLE = {408, 429, 502, 503, 504}
 
