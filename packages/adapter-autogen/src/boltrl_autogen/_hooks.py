@@ -18,6 +18,7 @@ kept.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -34,7 +35,7 @@ from autogen_agentchat.messages import ToolCallExecutionEvent, ToolCallRequestEv
 from autogen_core.logging import LLMCallEvent, LLMStreamEndEvent, LLMStreamStartEvent, ToolCallEvent
 
 from boltrl._common import JSON
-from boltrl.adapter_support import Counters, new_id
+from boltrl.adapter_support import Counters, Installation, new_id
 from boltrl.context import RolloutContext, current
 from boltrl.records import CallAnnotation, ToolStep
 from boltrl_autogen import _convert as cv
@@ -46,7 +47,7 @@ FRAMEWORK = "autogen"
 
 _counters = Counters("boltrl_autogen", log, "calls", "tool_steps")
 _count = _counters.count
-_failed = _counters.failed
+_guard = _counters.guard
 _field = _counters.field
 
 
@@ -141,6 +142,7 @@ class BoltrlEventHandler(logging.Handler):
         self.emit(record)
         return True
 
+    @_guard(lambda _self, record: f"recording a {type(record.msg).__name__}")
     def emit(self, record: logging.LogRecord) -> None:
         ctx = current()
         if ctx is None:
@@ -148,10 +150,7 @@ class BoltrlEventHandler(logging.Handler):
         fn = self._dispatch.get(type(record.msg))
         if fn is None:
             return
-        try:
-            fn(record.msg, ctx, record.created)
-        except Exception:
-            _failed(f"recording a {type(record.msg).__name__}")
+        fn(record.msg, ctx, record.created)
 
     def _state(self, ctx: RolloutContext) -> _State:
         st = self._states.get(ctx)
@@ -352,17 +351,7 @@ AGENTCHAT_LOGGER = "autogen_agentchat.events"
 _LEVELS = {CORE_LOGGER: logging.INFO, AGENTCHAT_LOGGER: logging.DEBUG}
 
 
-@dataclass(slots=True)
-class _Saved:
-    logger: logging.Logger
-    level: int
-    propagate: bool
-    added: bool
-
-
-_install_lock = threading.Lock()
-_installed: BoltrlEventHandler | None = None
-_saved: list[_Saved] = []
+_installation: Installation[BoltrlEventHandler] = Installation()
 
 
 def instrument() -> BoltrlEventHandler:
@@ -373,40 +362,40 @@ def instrument() -> BoltrlEventHandler:
     ``propagate`` turned off so that enabling it for boltrl does not send AutoGen's event
     stream to your own (root) handlers. ``uninstrument()`` restores level, propagation and
     handlers exactly."""
-    global _installed
-    with _install_lock:
-        if _installed is not None:
-            return _installed
-        handler = BoltrlEventHandler()
-        for name, level in _LEVELS.items():
-            logger = logging.getLogger(name)
-            _saved.append(_Saved(logger, logger.level, logger.propagate, False))
-            if not any(isinstance(h, BoltrlEventHandler) for h in logger.handlers):
-                logger.addHandler(handler)
-                _saved[-1].added = True
-            if logger.getEffectiveLevel() > level:
-                logger.setLevel(level)
-                logger.propagate = False
-        _installed = handler
-        return handler
+    return _installation.instrument(_attach)
+
+
+def _attach() -> tuple[BoltrlEventHandler, Callable[[], None]]:
+    handler = BoltrlEventHandler()
+    undo: list[Callable[[], None]] = []
+    for name, level in _LEVELS.items():
+        logger = logging.getLogger(name)
+        undo.append(functools.partial(_restore, logger, logger.level, logger.propagate))
+        if not any(isinstance(h, BoltrlEventHandler) for h in logger.handlers):
+            logger.addHandler(handler)
+            undo.append(functools.partial(logger.removeHandler, handler))
+        if logger.getEffectiveLevel() > level:
+            logger.setLevel(level)
+            logger.propagate = False
+
+    def detach() -> None:
+        for step in undo:
+            step()
+
+    return handler, detach
+
+
+def _restore(logger: logging.Logger, level: int, propagate: bool) -> None:
+    logger.setLevel(level)
+    logger.propagate = propagate
 
 
 def uninstrument() -> None:
     """Detach the handler ``instrument()`` attached and restore both loggers' level and
     propagation (idempotent)."""
-    global _installed
-    with _install_lock:
-        handler, _installed = _installed, None
-        if handler is None:
-            return
-        for s in _saved:
-            if s.added:
-                s.logger.removeHandler(handler)
-            s.logger.setLevel(s.level)
-            s.logger.propagate = s.propagate
-        _saved.clear()
+    _installation.uninstrument()
 
 
 def installed() -> BoltrlEventHandler | None:
     """The handler ``instrument()`` attached, while it is attached."""
-    return _installed
+    return _installation.installed()

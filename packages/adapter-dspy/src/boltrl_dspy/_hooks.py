@@ -22,13 +22,13 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from dspy.utils.callback import ACTIVE_CALL_ID, BaseCallback
 
-from boltrl.adapter_support import Counters
+from boltrl.adapter_support import Counters, Installation
 from boltrl.context import RolloutContext, current
 from boltrl.records import CallAnnotation, ToolStep
 from boltrl_dspy import _convert as cv
@@ -41,7 +41,7 @@ _MAX_OPEN = 10_000
 
 _counters = Counters("boltrl_dspy", log, "calls", "cached_calls", "tool_steps")
 _count = _counters.count
-_failed = _counters.failed
+_guard = _counters.guard
 _field = _counters.field
 
 
@@ -125,63 +125,55 @@ class BoltrlCallback(BaseCallback):  # type: ignore[misc]  # dspy ships no type 
 
     # -- modules -------------------------------------------------------------------------
 
+    @_guard()
     def on_module_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
         if current() is None:
             return
-        try:
-            frames = self._open.frames
-            parent = frames.get(ACTIVE_CALL_ID.get() or "")
-            if parent is None:
-                frame = _Frame(type(instance).__name__, None, instance)
-            else:
-                path = parent.child_path(instance)
-                frame = _Frame(path, parent, instance, root=parent.root or parent)
-            frames[call_id] = frame
-            if len(frames) > _MAX_OPEN:
-                self._evict(frames)
-        except Exception:
-            _failed("on_module_start")
+        frames = self._open.frames
+        parent = frames.get(ACTIVE_CALL_ID.get() or "")
+        if parent is None:
+            frame = _Frame(type(instance).__name__, None, instance)
+        else:
+            path = parent.child_path(instance)
+            frame = _Frame(path, parent, instance, root=parent.root or parent)
+        frames[call_id] = frame
+        if len(frames) > _MAX_OPEN:
+            self._evict(frames)
 
+    @_guard()
     def on_module_end(
         self, call_id: str, outputs: Any | None, exception: Exception | None = None
     ) -> None:
-        try:
-            self._open.frames.pop(call_id, None)
-        except Exception:
-            _failed("on_module_end")
+        self._open.frames.pop(call_id, None)
 
     # -- LM calls ------------------------------------------------------------------------
 
+    @_guard()
     def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
         ctx = current()
         if ctx is None:
             return
-        try:
-            parent_id = ACTIVE_CALL_ID.get()
-            frame = self._open.frames.get(parent_id or "")
-            self._open.calls[call_id] = _OpenCall(
-                ctx=ctx,
-                lm=instance,
-                inputs=inputs,
-                parent_id=parent_id,
-                frame=frame,
-                agent=frame.path if frame is not None else None,
-            )
-            if len(self._open.calls) > _MAX_OPEN:
-                self._evict(self._open.calls)
-        except Exception:
-            _failed("on_lm_start")
+        parent_id = ACTIVE_CALL_ID.get()
+        frame = self._open.frames.get(parent_id or "")
+        self._open.calls[call_id] = _OpenCall(
+            ctx=ctx,
+            lm=instance,
+            inputs=inputs,
+            parent_id=parent_id,
+            frame=frame,
+            agent=frame.path if frame is not None else None,
+        )
+        if len(self._open.calls) > _MAX_OPEN:
+            self._evict(self._open.calls)
 
+    @_guard()
     def on_lm_end(
         self, call_id: str, outputs: Any | None, exception: Exception | None = None
     ) -> None:
         call = self._open.calls.pop(call_id, None)
         if call is None:
             return
-        try:
-            self._close_call(call_id, call, outputs, exception)
-        except Exception:
-            _failed("on_lm_end")
+        self._close_call(call_id, call, outputs, exception)
 
     def _close_call(
         self, span_id: str, call: _OpenCall, outputs: Any, error: BaseException | None
@@ -233,53 +225,49 @@ class BoltrlCallback(BaseCallback):  # type: ignore[misc]  # dspy ships no type 
 
     # -- tools ---------------------------------------------------------------------------
 
+    @_guard()
     def on_tool_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
         ctx = current()
         if ctx is None:
             return
-        try:
-            parent_id = ACTIVE_CALL_ID.get()
-            name = getattr(instance, "name", None)
-            self._open.tools[call_id] = _OpenTool(
-                ctx=ctx,
-                name=name if isinstance(name, str) else type(instance).__name__,
-                arguments=_field(cv.tool_arguments, inputs),
-                parent_id=parent_id,
-                frame=self._open.frames.get(parent_id or ""),
-                started_at=time.time(),
-            )
-            if len(self._open.tools) > _MAX_OPEN:
-                self._evict(self._open.tools)
-        except Exception:
-            _failed("on_tool_start")
+        parent_id = ACTIVE_CALL_ID.get()
+        name = getattr(instance, "name", None)
+        self._open.tools[call_id] = _OpenTool(
+            ctx=ctx,
+            name=name if isinstance(name, str) else type(instance).__name__,
+            arguments=_field(cv.tool_arguments, inputs),
+            parent_id=parent_id,
+            frame=self._open.frames.get(parent_id or ""),
+            started_at=time.time(),
+        )
+        if len(self._open.tools) > _MAX_OPEN:
+            self._evict(self._open.tools)
 
+    @_guard()
     def on_tool_end(
         self, call_id: str, outputs: Any | None, exception: BaseException | None = None
     ) -> None:
         tool = self._open.tools.pop(call_id, None)
         if tool is None:
             return
-        try:
-            frame = tool.frame
-            who = frame.last_call if frame is not None else None
-            step = ToolStep(
-                id=f"tool-{call_id}",
-                name=tool.name,
-                arguments=tool.arguments,
-                result=None if exception is not None else _field(cv.jsonable, outputs),
-                error=None if exception is None else _field(cv.error_text, exception),
-                # The LM call that chose the tool: its response id when known, else its
-                # span (the join maps spans to call ids); else the module running it.
-                parent_id=(who.call_id or who.span_id) if who is not None else tool.parent_id,
-                call_id=who.call_id if who is not None else None,
-                agent=who.agent if who is not None else (frame.path if frame else None),
-                started_at=tool.started_at,
-                ended_at=time.time(),
-            )
-            tool.ctx.add(step)
-            _count("tool_steps")
-        except Exception:
-            _failed("on_tool_end")
+        frame = tool.frame
+        who = frame.last_call if frame is not None else None
+        step = ToolStep(
+            id=f"tool-{call_id}",
+            name=tool.name,
+            arguments=tool.arguments,
+            result=None if exception is not None else _field(cv.jsonable, outputs),
+            error=None if exception is None else _field(cv.error_text, exception),
+            # The LM call that chose the tool: its response id when known, else its
+            # span (the join maps spans to call ids); else the module running it.
+            parent_id=(who.call_id or who.span_id) if who is not None else tool.parent_id,
+            call_id=who.call_id if who is not None else None,
+            agent=who.agent if who is not None else (frame.path if frame else None),
+            started_at=tool.started_at,
+            ended_at=time.time(),
+        )
+        tool.ctx.add(step)
+        _count("tool_steps")
 
     def _evict(self, runs: dict[str, Any]) -> None:
         with self._lock:
@@ -300,9 +288,7 @@ def _settings_module() -> Any:
     return importlib.import_module("dspy.dsp.utils.settings")
 
 
-_install_lock = threading.Lock()
-_installed: tuple[list[Any], list[Any], BoltrlCallback] | None = None
-"""(callbacks before, callbacks installed, the callback)."""
+_installation: Installation[BoltrlCallback] = Installation()
 
 
 def instrument(callback: BoltrlCallback | None = None) -> BoltrlCallback:
@@ -314,41 +300,36 @@ def instrument(callback: BoltrlCallback | None = None) -> BoltrlCallback:
     ``dspy.context(callbacks=[...])`` block replaces the global callbacks: include the
     callback there yourself (``boltrl_dspy.installed()``).
     """
-    global _installed
-    dspy_settings = _settings_module()
+    return _installation.instrument(
+        lambda: _attach(callback if callback is not None else BoltrlCallback())
+    )
 
-    with _install_lock, dspy_settings.global_lock:
-        if _installed is not None:
-            return _installed[2]
-        cb = callback if callback is not None else BoltrlCallback()
+
+def _attach(cb: BoltrlCallback) -> tuple[BoltrlCallback, Callable[[], None]]:
+    dspy_settings = _settings_module()
+    with dspy_settings.global_lock:
         config = dspy_settings.main_thread_config
         before = config.get("callbacks")
         now = [*(before or ()), cb]
         config["callbacks"] = now
-        _installed = (before, now, cb)
-        return cb
+
+    def detach() -> None:
+        with dspy_settings.global_lock:
+            current_list = config.get("callbacks")
+            if current_list is now:
+                config["callbacks"] = before
+            elif isinstance(current_list, list):  # reconfigured meanwhile: only take ours out
+                config["callbacks"] = [c for c in current_list if c is not cb]
+
+    return cb, detach
 
 
 def uninstrument() -> None:
     """Remove what ``instrument()`` added, leaving DSPy's settings as they were (the very
     same callbacks list, when nothing else changed it meanwhile). Idempotent."""
-    global _installed
-    dspy_settings = _settings_module()
-
-    with _install_lock, dspy_settings.global_lock:
-        if _installed is None:
-            return
-        before, now, cb = _installed
-        config = dspy_settings.main_thread_config
-        current_list = config.get("callbacks")
-        if current_list is now:
-            config["callbacks"] = before
-        elif isinstance(current_list, list):  # reconfigured meanwhile: only take ours out
-            config["callbacks"] = [c for c in current_list if c is not cb]
-        _installed = None
+    _installation.uninstrument()
 
 
 def installed() -> BoltrlCallback | None:
     """The callback ``instrument()`` installed, or None."""
-    entry = _installed
-    return None if entry is None else entry[2]
+    return _installation.installed()

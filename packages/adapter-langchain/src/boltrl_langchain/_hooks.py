@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +25,7 @@ from uuid import UUID
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.outputs import LLMResult
 
-from boltrl.adapter_support import Counters
+from boltrl.adapter_support import Counters, Installation
 from boltrl.context import RolloutContext, current
 from boltrl.records import CallAnnotation, ToolStep
 from boltrl_langchain import _convert as cv
@@ -38,7 +38,7 @@ _MAX_OPEN = 10_000
 
 _counters = Counters("boltrl_langchain", log, "calls", "cached_calls", "tool_steps")
 _count = _counters.count
-_failed = _counters.failed
+_guard = _counters.guard
 _field = _counters.field
 
 
@@ -125,6 +125,7 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
 
     # -- model calls ---------------------------------------------------------------------
 
+    @_guard()
     def on_chat_model_start(
         self,
         serialized: dict[str, Any],
@@ -139,12 +140,10 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
         ctx = current()
         if ctx is None:
             return
-        try:
-            prompt = messages[0] if messages else []
-            self._open_call(ctx, prompt, run_id, parent_run_id, metadata, serialized, kwargs)
-        except Exception:
-            _failed("on_chat_model_start")
+        prompt = messages[0] if messages else []
+        self._open_call(ctx, prompt, run_id, parent_run_id, metadata, serialized, kwargs)
 
+    @_guard()
     def on_llm_start(
         self,
         serialized: dict[str, Any],
@@ -159,11 +158,8 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
         ctx = current()
         if ctx is None:
             return
-        try:
-            prompt = prompts[:1]
-            self._open_call(ctx, prompt, run_id, parent_run_id, metadata, serialized, kwargs)
-        except Exception:
-            _failed("on_llm_start")
+        prompt = prompts[:1]
+        self._open_call(ctx, prompt, run_id, parent_run_id, metadata, serialized, kwargs)
 
     def _open_call(
         self,
@@ -184,6 +180,7 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
         if len(self._calls) > _MAX_OPEN:
             self._evict(self._calls)
 
+    @_guard()
     def on_llm_end(
         self,
         response: LLMResult,
@@ -195,11 +192,9 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
         call = self._calls.pop(run_id, None)
         if call is None:
             return
-        try:
-            self._close_call(call, run_id, response, None)
-        except Exception:
-            _failed("on_llm_end")
+        self._close_call(call, run_id, response, None)
 
+    @_guard()
     def on_llm_error(
         self,
         error: BaseException,
@@ -211,10 +206,7 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
         call = self._calls.pop(run_id, None)
         if call is None:
             return
-        try:
-            self._close_call(call, run_id, None, error)
-        except Exception:
-            _failed("on_llm_error")
+        self._close_call(call, run_id, None, error)
 
     def _close_call(
         self,
@@ -276,6 +268,7 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
 
     # -- tools ---------------------------------------------------------------------------
 
+    @_guard()
     def on_tool_start(
         self,
         serialized: dict[str, Any],
@@ -291,22 +284,20 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
         ctx = current()
         if ctx is None:
             return
-        try:
-            tcid = kwargs.get("tool_call_id")
-            self._tools[run_id] = _OpenTool(
-                ctx=ctx,
-                name=_tool_name(serialized, kwargs),
-                arguments=_field(cv.tool_arguments, input_str, inputs),
-                parent_id=_str(parent_run_id),
-                tool_call_id=tcid if isinstance(tcid, str) else None,
-                agent=_field(cv.agent_name, metadata, None, None),
-                started_at=time.time(),
-            )
-            if len(self._tools) > _MAX_OPEN:
-                self._evict(self._tools)
-        except Exception:
-            _failed("on_tool_start")
+        tcid = kwargs.get("tool_call_id")
+        self._tools[run_id] = _OpenTool(
+            ctx=ctx,
+            name=_tool_name(serialized, kwargs),
+            arguments=_field(cv.tool_arguments, input_str, inputs),
+            parent_id=_str(parent_run_id),
+            tool_call_id=tcid if isinstance(tcid, str) else None,
+            agent=_field(cv.agent_name, metadata, None, None),
+            started_at=time.time(),
+        )
+        if len(self._tools) > _MAX_OPEN:
+            self._evict(self._tools)
 
+    @_guard()
     def on_tool_end(
         self,
         output: Any,
@@ -318,12 +309,10 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
         tool = self._tools.pop(run_id, None)
         if tool is None:
             return
-        try:
-            result = _field(cv.tool_result, output)
-            self._close_tool(run_id, tool, result, None, _field(cv.tool_call_id_of, output))
-        except Exception:
-            _failed("on_tool_end")
+        result = _field(cv.tool_result, output)
+        self._close_tool(run_id, tool, result, None, _field(cv.tool_call_id_of, output))
 
+    @_guard()
     def on_tool_error(
         self,
         error: BaseException,
@@ -335,10 +324,7 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
         tool = self._tools.pop(run_id, None)
         if tool is None:
             return
-        try:
-            self._close_tool(run_id, tool, None, _field(cv.error_text, error), None)
-        except Exception:
-            _failed("on_tool_error")
+        self._close_tool(run_id, tool, None, _field(cv.error_text, error), None)
 
     def _close_tool(
         self,
@@ -372,8 +358,7 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
 
 # -- global install ----------------------------------------------------------------------
 
-_install_lock = threading.Lock()
-_installed: tuple[tuple[Any, ...], BoltrlCallbackHandler] | None = None
+_installation: Installation[BoltrlCallbackHandler] = Installation()
 
 
 def instrument(handler: BoltrlCallbackHandler | None = None) -> BoltrlCallbackHandler:
@@ -384,41 +369,38 @@ def instrument(handler: BoltrlCallbackHandler | None = None) -> BoltrlCallbackHa
     ``BoltrlCallbackHandler`` (so an explicit one is never doubled). Idempotent: a second
     call returns the installed handler. Returns the handler.
     """
-    global _installed
+    return _installation.instrument(
+        lambda: _attach(handler if handler is not None else BoltrlCallbackHandler())
+    )
+
+
+def _attach(h: BoltrlCallbackHandler) -> tuple[BoltrlCallbackHandler, Callable[[], None]]:
     from langchain_core.tracers import context as lc_context
 
-    with _install_lock:
-        if _installed is not None:
-            return _installed[1]
-        h = handler if handler is not None else BoltrlCallbackHandler()
-        # A default (not a value set in one context) is seen by every thread and task.
-        var: ContextVar[BoltrlCallbackHandler | None] = ContextVar(
-            "boltrl_langchain_handler", default=h
-        )
-        lc_context.register_configure_hook(var, True, BoltrlCallbackHandler)
-        _installed = (lc_context._configure_hooks[-1], h)
-        return h
+    # A default (not a value set in one context) is seen by every thread and task.
+    var: ContextVar[BoltrlCallbackHandler | None] = ContextVar(
+        "boltrl_langchain_handler", default=h
+    )
+    lc_context.register_configure_hook(var, True, BoltrlCallbackHandler)
+    entry = lc_context._configure_hooks[-1]
 
-
-def uninstrument() -> None:
-    """Remove what ``instrument()`` installed, leaving LangChain exactly as it was.
-    Idempotent."""
-    global _installed
-    from langchain_core.tracers import context as lc_context
-
-    with _install_lock:
-        if _installed is None:
-            return
-        entry = _installed[0]
+    def detach() -> None:
+        # by identity: the list may have gained other hooks since
         hooks = lc_context._configure_hooks
         for i, e in enumerate(hooks):
             if e is entry:
                 del hooks[i]
                 break
-        _installed = None
+
+    return h, detach
+
+
+def uninstrument() -> None:
+    """Remove what ``instrument()`` installed, leaving LangChain exactly as it was.
+    Idempotent."""
+    _installation.uninstrument()
 
 
 def installed() -> BoltrlCallbackHandler | None:
     """The handler ``instrument()`` installed, or None."""
-    entry = _installed
-    return None if entry is None else entry[1]
+    return _installation.installed()

@@ -19,7 +19,6 @@ Every field is extracted on its own, so an odd field is left empty and the rest 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +36,7 @@ from agents.tracing import (
 )
 
 from boltrl._common import JSON
-from boltrl.adapter_support import Counters, new_id
+from boltrl.adapter_support import Counters, Installation, new_id
 from boltrl.context import RolloutContext, current
 from boltrl.records import CallAnnotation, ToolStep
 from boltrl_openai_agents import _convert as cv
@@ -50,7 +49,7 @@ _UNKNOWN: Any = object()
 
 _counters = Counters("boltrl_openai_agents", log, "calls", "tool_steps")
 _count = _counters.count
-_failed = _counters.failed
+_guard = _counters.guard
 _field = _counters.field
 
 
@@ -121,65 +120,57 @@ class BoltrlTracingProcessor(TracingProcessor):
 
     # -- traces ---------------------------------------------------------------------
 
+    @_guard()
     def on_trace_start(self, trace: Trace) -> None:
-        try:
-            ctx = current() if self._enabled else None
-            if ctx is not None:
-                self._traces[trace.trace_id] = _Trace(ctx)
-        except Exception:
-            _failed("on_trace_start")
+        ctx = current() if self._enabled else None
+        if ctx is not None:
+            self._traces[trace.trace_id] = _Trace(ctx)
 
+    @_guard()
     def on_trace_end(self, trace: Trace) -> None:
-        try:
-            t = self._traces.pop(trace.trace_id, None)
-            if t is not None:
-                for span_id in t.spans:
-                    self._spans.pop(span_id, None)
-        except Exception:
-            _failed("on_trace_end")
+        t = self._traces.pop(trace.trace_id, None)
+        if t is not None:
+            for span_id in t.spans:
+                self._spans.pop(span_id, None)
 
     # -- spans ----------------------------------------------------------------------
 
+    @_guard()
     def on_span_start(self, span: Span[Any]) -> None:
-        try:
-            parent = self._spans.get(span.parent_id) if span.parent_id else None
-            trace = self._traces.get(span.trace_id)
-            ctx = parent.ctx if parent else trace.ctx if trace else current()
-            if ctx is None or not self._enabled:
-                return
-            st = _Open(ctx, span.trace_id, parent)
-            if parent is not None:
-                st.agent = parent.agent
-                st.agent_span_id = parent.agent_span_id
-                st.agent_tools = parent.agent_tools
-            data = span.span_data
-            if isinstance(data, AgentSpanData):
-                st.agent = data.name
-                st.agent_span_id = span.span_id
-                st.agent_tools = frozenset(data.tools or ())
-            elif isinstance(data, TurnSpanData) and data.agent_name:
-                st.agent = data.agent_name
-            self._spans[span.span_id] = st
-            if trace is not None:
-                trace.spans.add(span.span_id)
-        except Exception:
-            _failed("on_span_start")
+        parent = self._spans.get(span.parent_id) if span.parent_id else None
+        trace = self._traces.get(span.trace_id)
+        ctx = parent.ctx if parent else trace.ctx if trace else current()
+        if ctx is None or not self._enabled:
+            return
+        st = _Open(ctx, span.trace_id, parent)
+        if parent is not None:
+            st.agent = parent.agent
+            st.agent_span_id = parent.agent_span_id
+            st.agent_tools = parent.agent_tools
+        data = span.span_data
+        if isinstance(data, AgentSpanData):
+            st.agent = data.name
+            st.agent_span_id = span.span_id
+            st.agent_tools = frozenset(data.tools or ())
+        elif isinstance(data, TurnSpanData) and data.agent_name:
+            st.agent = data.agent_name
+        self._spans[span.span_id] = st
+        if trace is not None:
+            trace.spans.add(span.span_id)
 
+    @_guard(lambda _self, span: f"recording a {type(span.span_data).__name__}")
     def on_span_end(self, span: Span[Any]) -> None:
         st = self._spans.pop(span.span_id, None)
         if st is None:
             return
-        try:
-            trace = self._traces.get(st.trace_id)
-            if trace is not None:
-                trace.spans.discard(span.span_id)
-            recorder = self._recorders.get(type(span.span_data), _UNKNOWN)
-            if recorder is _UNKNOWN:
-                recorder = self._recorder_for(type(span.span_data))
-            if recorder is not None:
-                recorder(span, span.span_data, st)
-        except Exception:
-            _failed(f"recording a {type(span.span_data).__name__}")
+        trace = self._traces.get(st.trace_id)
+        if trace is not None:
+            trace.spans.discard(span.span_id)
+        recorder = self._recorders.get(type(span.span_data), _UNKNOWN)
+        if recorder is _UNKNOWN:
+            recorder = self._recorder_for(type(span.span_data))
+        if recorder is not None:
+            recorder(span, span.span_data, st)
 
     def shutdown(self) -> None:
         self._spans.clear()
@@ -312,8 +303,7 @@ def _response_id(data: ResponseSpanData) -> str | None:
 
 # -- global install ------------------------------------------------------------------
 
-_install_lock = threading.Lock()
-_installed: BoltrlTracingProcessor | None = None
+_installation: Installation[BoltrlTracingProcessor] = Installation()
 
 
 def _registered() -> tuple[TracingProcessor, ...] | None:
@@ -329,27 +319,16 @@ def instrument() -> BoltrlTracingProcessor:
     """Register one ``BoltrlTracingProcessor`` with the SDK's trace provider (idempotent)
     and return it. The SDK's other processors, the default OpenAI exporter included,
     stay registered: see the README to turn uploads off."""
-    global _installed
-    with _install_lock:
-        if _installed is None:
-            from agents.tracing import add_trace_processor
-
-            processor = BoltrlTracingProcessor()
-            add_trace_processor(processor)
-            _installed = processor
-        return _installed
+    return _installation.instrument(_attach)
 
 
-def uninstrument() -> None:
-    """Unregister the processor ``instrument()`` added, leaving the SDK's processor list
-    as it was (idempotent)."""
-    global _installed
-    with _install_lock:
-        processor, _installed = _installed, None
-        if processor is None:
-            return
-        from agents.tracing import get_trace_provider
+def _attach() -> tuple[BoltrlTracingProcessor, Callable[[], None]]:
+    from agents.tracing import add_trace_processor, get_trace_provider
 
+    processor = BoltrlTracingProcessor()
+    add_trace_processor(processor)
+
+    def detach() -> None:
         procs = _registered()
         if procs is None:
             log.warning(
@@ -361,7 +340,15 @@ def uninstrument() -> None:
         processor._enabled = False
         processor.shutdown()
 
+    return processor, detach
+
+
+def uninstrument() -> None:
+    """Unregister the processor ``instrument()`` added, leaving the SDK's processor list
+    as it was (idempotent)."""
+    _installation.uninstrument()
+
 
 def installed() -> BoltrlTracingProcessor | None:
     """The processor ``instrument()`` registered, if it is registered."""
-    return _installed
+    return _installation.installed()

@@ -1,25 +1,29 @@
 """Plumbing the framework adapters share: the counters behind each adapter's ``stats()``,
-the two ways a hook reports trouble without raising into the user's agent, and
-``jsonable`` for the SDK objects a record carries.
+the ways a hook reports trouble without raising into the user's agent, the global
+install behind each adapter's ``instrument()`` / ``uninstrument()`` / ``installed()``,
+and ``jsonable`` for the SDK objects a record carries.
 
 An adapter's hooks run on the agent's path, inside the framework. They promise never to
-raise: a hook body that fails is logged and counted (``Counters.failed``), and each field
-of a record is extracted on its own (``Counters.field``), so one odd field is left empty
-and the rest of the record kept.
+raise: a hook wrapped in ``Counters.guard`` that fails is logged and counted (the way
+openinference's instrumentors wrap theirs in ``stop_on_exception``), and each field of a
+record is extracted on its own (``Counters.field``), so one odd field is left empty and
+the rest of the record kept.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import functools
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from boltrl._common import new_id
 
-__all__ = ["Counters", "jsonable", "new_id"]
+__all__ = ["Counters", "Installation", "jsonable", "new_id"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
@@ -83,6 +87,39 @@ class Counters:
         self.count("failures")
         self._log.warning("%s: %s failed; the record is lost", self._name, where, exc_info=True)
 
+    def guard(
+        self, where: str | Callable[..., str] | None = None
+    ) -> Callable[[Callable[P, None]], Callable[P, None]]:
+        """A decorator for a hook: an exception out of the hook is not raised but counted
+        and logged as ``failed`` does (naming ``where``: a string, a function of the
+        hook's arguments for a name that depends on them, or by default the hook's
+        name). The hook returns None either way; it must not be a generator or async."""
+
+        def wrap(hook: Callable[P, None]) -> Callable[P, None]:
+            name = hook.__name__
+
+            @functools.wraps(hook)
+            def guarded(*args: P.args, **kwargs: P.kwargs) -> None:
+                try:
+                    hook(*args, **kwargs)
+                except Exception:
+                    self.failed(self._where(where, name, args, kwargs))
+
+            return guarded
+
+        return wrap
+
+    @staticmethod
+    def _where(where: str | Callable[..., str] | None, name: str, args: Any, kwargs: Any) -> str:
+        if where is None:
+            return name
+        if isinstance(where, str):
+            return where
+        try:
+            return where(*args, **kwargs)
+        except Exception:  # naming the failure must not fail in turn
+            return name
+
     def field(self, fn: Callable[..., T | None], *args: Any) -> T | None:
         """``fn(*args)``, or None (counted as a field failure, logged at debug) if it
         raises."""
@@ -94,3 +131,39 @@ class Counters:
                 "%s: %s failed; field left empty", self._name, fn.__name__, exc_info=True
             )
             return None
+
+
+class Installation(Generic[T]):
+    """One adapter's process-global install: what ``instrument()``, ``uninstrument()``
+    and ``installed()`` share, so each adapter writes only how it attaches to its SDK.
+
+    ``instrument(attach)`` calls ``attach()`` once (later calls return the installed
+    hook without calling it); ``attach`` returns the hook and a function that undoes
+    exactly what it did. ``uninstrument()`` calls that function once. Both hold one lock,
+    so concurrent calls install at most once and undo at most once; an ``attach`` that
+    raises installs nothing and the error reaches the caller (a bug or an SDK that
+    changed shape: the user asked to instrument and must hear that it did not happen).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hook: T | None = None
+        self._undo: Callable[[], None] | None = None
+
+    def instrument(self, attach: Callable[[], tuple[T, Callable[[], None]]]) -> T:
+        """The installed hook; installs it with ``attach()`` first when none is."""
+        with self._lock:
+            if self._hook is None:
+                self._hook, self._undo = attach()
+            return self._hook
+
+    def uninstrument(self) -> None:
+        """Undo the install, if there is one (idempotent)."""
+        with self._lock:
+            undo, self._hook, self._undo = self._undo, None, None
+            if undo is not None:
+                undo()
+
+    def installed(self) -> T | None:
+        """The installed hook, or None."""
+        return self._hook
