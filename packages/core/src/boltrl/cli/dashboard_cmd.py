@@ -51,10 +51,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    from boltrl._serving import bind, check_exposure, local_hosts, serve_forever, url_of
     from boltrl.dashboard import create_dashboard_app, open_source
-    from boltrl.store.server import bind, check_exposure, url_of
 
     try:
         check_exposure(args.host, args.token)
@@ -68,26 +66,18 @@ def _run(args: argparse.Namespace) -> int:
             from boltrl.export.follow import OtlpFollower
 
             follower = OtlpFollower(source, args.otlp).start()
-        app = create_dashboard_app(source, args.token, tokenizer=args.tokenizer)
+        # Without a token, only pages on this machine's own names may call the API: a
+        # page elsewhere whose name was rebound to 127.0.0.1 (DNS rebinding) may not.
+        hosts = local_hosts(args.host) if args.token is None else None
+        app = create_dashboard_app(
+            source, args.token, tokenizer=args.tokenizer, allowed_hosts=hosts
+        )
         dash = app.state.dashboard
-        if args.token is None:
-            # Without a token, only pages on this machine's own names may call the API: a
-            # page elsewhere whose name was rebound to 127.0.0.1 (DNS rebinding) may not.
-            from starlette.middleware.trustedhost import TrustedHostMiddleware
-
-            hosts = ["127.0.0.1", "localhost", "[::1]", args.host]
-            app.add_middleware(TrustedHostMiddleware, allowed_hosts=hosts)
         sock = bind(args.host, args.port)
         auth = "?token=…" if args.token else ""
         print(f"boltrl dashboard: {source.label} on {url_of(sock)}/{auth}", flush=True)
-
-        class _Server(uvicorn.Server):
-            def handle_exit(self, sig: int, frame: Any) -> None:
-                dash.close()  # end the live streams, or shutdown waits for them
-                super().handle_exit(sig, frame)
-
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=3)
-        _Server(config).run(sockets=[sock])
+        # end the live streams on exit, or shutdown waits for them
+        serve_forever(app, sock, log_level="warning", on_exit=dash.close)
         return 0
     except BoltrlError as e:
         print(f"boltrl dashboard: {e}", file=sys.stderr)

@@ -53,7 +53,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     # Imported here: the server pulls in FastAPI/uvicorn, which other commands don't need.
     from boltrl.store import MemoryStore, SqliteStore, Store
-    from boltrl.store.server import check_exposure, serve
+    from boltrl._serving import check_exposure
+    from boltrl.store.server import serve
 
     try:
         check_exposure(args.host, args.token)

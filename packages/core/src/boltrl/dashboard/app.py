@@ -11,19 +11,20 @@ header to ``EventSource``).
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
+from collections.abc import Collection
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import anyio
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.responses import StreamingResponse
 
+from boltrl._serving import Guard
 from boltrl.credit import CreditConfig
 from boltrl.dashboard.detail import rollout_detail
 from boltrl.dashboard.events import Hub
@@ -32,7 +33,8 @@ from boltrl.dashboard.source import source_for
 from boltrl.dashboard.stats import Tracker
 from boltrl.dashboard.tokens import TokenDecoder, token_view
 from boltrl.dashboard.views import rollouts_page, workers_view
-from boltrl.errors import InvalidInput, NotFound, Unauthorized
+from boltrl.errors import BoltrlError, InvalidInput, NotFound
+from boltrl.store import _wire
 from boltrl.store.base import Store
 from boltrl.store.server import install_error_handlers
 
@@ -42,6 +44,10 @@ STATIC = Path(__file__).parent / "static"
 COOKIE = "boltrl_dashboard_token"
 _MAX_LIMIT = 500
 T = TypeVar("T")
+
+
+def _error(e: BoltrlError) -> Response:
+    return JSONResponse(_wire.error_body(e), status_code=e.status_code)
 
 
 @runtime_checkable
@@ -89,16 +95,8 @@ def _page_args(limit: int, offset: int) -> tuple[int, int]:
     return limit, offset
 
 
-def _router(dash: Dashboard, token: str | None) -> APIRouter:
-    async def auth(request: Request) -> None:
-        if token is None:
-            return
-        given = request.headers.get("authorization", "").removeprefix("Bearer ")
-        given = given or request.cookies.get(COOKIE, "")
-        if not hmac.compare_digest(given.encode(), token.encode()):
-            raise Unauthorized("missing or wrong token: open the dashboard with ?token=<token>")
-
-    router = APIRouter(prefix="/api", dependencies=[Depends(auth)])
+def _router(dash: Dashboard) -> APIRouter:
+    router = APIRouter(prefix="/api")
     src = dash.source
 
     async def off(fn: Any, *args: Any, **kw: Any) -> Any:
@@ -183,19 +181,30 @@ def create_dashboard_app(
     *,
     tokenizer: str | None = None,
     poll_s: float = 0.5,
+    allowed_hosts: Collection[str] | None = None,
 ) -> FastAPI:
     """The dashboard for a store (or a ready ``Source``), as an ASGI app.
 
     ``app.state.dashboard.close()`` ends live streams (call it before stopping the
     server); the store stays the caller's to close. ``tokenizer`` names a Hugging Face
-    tokenizer to decode response tokens with (optional).
+    tokenizer to decode response tokens with (optional). ``allowed_hosts``, when set,
+    are the only ``Host`` names served (see ``boltrl._serving.Guard``).
     """
     source = store if isinstance(store, _SourceLike) else source_for(store)
     dash = Dashboard(source, tokenizer=tokenizer, poll_s=poll_s)
     app = FastAPI(title="boltrl dashboard", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.dashboard = dash
     install_error_handlers(app)
-    app.include_router(_router(dash, token))
+    app.include_router(_router(dash))
+    app.add_middleware(
+        Guard,
+        reject=_error,
+        token=token,
+        token_hint="open the dashboard with ?token=<token>",
+        cookie=COOKIE,
+        protected=lambda path: path.startswith("/api"),
+        allowed_hosts=allowed_hosts,
+    )
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/", include_in_schema=False)

@@ -1,55 +1,17 @@
 """What both API shapes derive from a ``Generation``: the assistant message, usage, and
-the pieces a stream is cut into."""
+the pieces a stream is cut into. (The parsed request is in ``_request``.)"""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
 from boltrl._common import JSON
-from boltrl.gateway.backend import Generation, GenerationRequest
+from boltrl.gateway.backend import Generation
 
 _WORDS = re.compile(r"\s*\S+\s*|\s+")
 MAX_PIECES = 32
 """A stream carries at most this many text deltas (the backend answers whole turns; the
 pieces exist so clients exercise their stream handling, not to pace output)."""
-
-
-@dataclass(slots=True)
-class ParsedCall:
-    """A validated request in the gateway's terms, whichever API it came through."""
-
-    api: str
-    """``chat.completions`` or ``responses``."""
-    request: GenerationRequest
-    """What the backend receives (``rollout_id`` is filled in by the route)."""
-    stream: bool = False
-    include_usage: bool = False
-    """Chat only: send a final usage chunk (``stream_options.include_usage``)."""
-    logprobs: bool = False
-    """Chat only: return per-token logprobs in the response."""
-    return_token_ids: bool = False
-    """vLLM extension: return ``prompt_token_ids`` and per-choice ``token_ids``."""
-    echo: JSON = field(default_factory=dict)
-    """Responses only: request fields a Response object repeats back."""
-
-    def record(self) -> JSON:
-        """The normalized request as stored in ``LLMCall.request``."""
-        r = self.request
-        out: JSON = {"api": self.api, "model": r.model, "messages": r.messages}
-        if r.tools is not None:
-            out["tools"] = r.tools
-        if r.tool_choice is not None:
-            out["tool_choice"] = r.tool_choice
-        for key in ("temperature", "top_p", "max_tokens", "seed"):
-            value = getattr(r, key)
-            if value is not None:
-                out[key] = value
-        if r.stop:
-            out["stop"] = r.stop
-        if self.stream:
-            out["stream"] = True
-        return out
 
 
 def assistant_message(gen: Generation) -> JSON:

@@ -16,11 +16,10 @@ endpoints on a FastAPI app: no per-request model validation on the hot path.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from fastapi import FastAPI
@@ -29,13 +28,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from boltrl._common import JSON
-from boltrl.errors import BackendUnavailable, BoltrlError
+from boltrl._serving import Guard
+from boltrl.errors import BackendUnavailable, BoltrlError, Unauthorized
 from boltrl.gateway import chat, responses
 from boltrl.gateway._errors import RequestError, error_body
-from boltrl.gateway._json import dumps, loads
-from boltrl.gateway._output import ParsedCall
+from boltrl.gateway._json import dumps
+from boltrl.gateway._request import ParsedCall, read_body
 from boltrl.gateway.backend import Backend, Generation
-from boltrl.gateway.recording import Recorder, failed_call, ok_call
+from boltrl.gateway.recording import Recorder
 from boltrl.records import Attempt
 from boltrl.store.base import Store
 
@@ -76,29 +76,15 @@ _RESPONSES = _API("resp_", responses.parse, responses.response, responses.stream
 
 
 class _Handlers:
-    def __init__(self, backend: Backend, store: Store | None, token: str | None) -> None:
+    def __init__(self, backend: Backend, store: Store | None) -> None:
         self.backend = backend
         self.recorder = Recorder(store) if store is not None else None
-        self.token = token.encode() if token else None
-
-    def _unauthorized(self, request: Request) -> Response | None:
-        if self.token is None:
-            return None
-        given = request.headers.get("authorization", "").removeprefix("Bearer ").encode()
-        if hmac.compare_digest(given, self.token):
-            return None
-        return _error(
-            401, "Incorrect API key provided for the boltrl gateway.", code="invalid_api_key"
-        )
 
     async def serve(self, request: Request, api: _API) -> Response:
-        """One call, start to end (see the module docstring for the order of steps)."""
-        denied = self._unauthorized(request)
-        if denied is not None:
-            return denied
+        """One call: parse → attempt → generate → record → respond."""
         rollout_id: str | None = request.path_params.get("rollout_id")
         try:
-            call = _parse(api, await request.body())
+            call = api.parse(read_body(await request.body()))
             call.request.rollout_id = rollout_id
             attempt = await self._attempt(rollout_id)
         except BoltrlError as e:
@@ -112,9 +98,20 @@ class _Handlers:
         ended = time.time()
         model = gen.model or self.backend.model_name
         if attempt is not None:
-            refused = await self._record(call_id, attempt, call, gen, model, started, ended)
-            if refused is not None:
-                return refused
+            assert self.recorder is not None
+            try:
+                await self.recorder.served(
+                    call_id,
+                    attempt,
+                    call,
+                    gen,
+                    model=model,
+                    policy_version=self.backend.policy_version,
+                    started_at=started,
+                    ended_at=ended,
+                )
+            except BoltrlError as e:
+                return _boltrl_error(e)
         created = int(ended)
         if call.stream:
             body = api.stream(call_id, created, model, gen, call)
@@ -131,48 +128,20 @@ class _Handlers:
         self, call_id: str, attempt: Attempt | None, call: ParsedCall, e: Exception, started: float
     ) -> Response:
         """Record the backend's failure (when recording) and tell the agent: 502 or 503."""
-        ended = time.time()
         log.warning("gateway: backend failed on %s: %s: %s", call_id, type(e).__name__, e)
         if attempt is not None and self.recorder is not None:
-            model = self.backend.model_name
-            record = failed_call(
-                call_id, attempt, call, e, model=model, started_at=started, ended_at=ended
-            )
-            await self.recorder.record_failure(attempt, record)
-        if isinstance(e, BackendUnavailable):
-            return _error(503, f"backend unavailable: {e}", code=e.code)
-        return _error(502, f"backend error: {type(e).__name__}: {e}", code="backend_error")
-
-    async def _record(
-        self,
-        call_id: str,
-        attempt: Attempt,
-        call: ParsedCall,
-        gen: Generation,
-        model: str,
-        started: float,
-        ended: float,
-    ) -> Response | None:
-        """Write the call; the error response when it cannot be written, else None."""
-        assert self.recorder is not None
-        try:
-            record = ok_call(
+            await self.recorder.failed(
                 call_id,
                 attempt,
                 call,
-                gen,
-                model=model,
-                policy_version=self.backend.policy_version,
+                e,
+                model=self.backend.model_name,
                 started_at=started,
-                ended_at=ended,
+                ended_at=time.time(),
             )
-            await self.recorder.record(attempt, record)
-        except BoltrlError as e:
-            return _boltrl_error(e)
-        except ValueError as e:  # the backend produced something a record cannot hold
-            log.exception("gateway: call %s cannot be recorded", call_id)
-            return _error(502, f"backend returned an invalid generation: {e}", code="backend_error")
-        return None
+        if isinstance(e, BackendUnavailable):
+            return _error(503, f"backend unavailable: {e}", code=e.code)
+        return _error(502, f"backend error: {type(e).__name__}: {e}", code="backend_error")
 
     async def chat(self, request: Request) -> Response:
         return await self.serve(request, _CHAT)
@@ -189,13 +158,9 @@ class _Handlers:
         }
 
     async def models(self, request: Request) -> Response:
-        denied = self._unauthorized(request)
-        return denied or _json({"object": "list", "data": [self._model()]})
+        return _json({"object": "list", "data": [self._model()]})
 
     async def model(self, request: Request) -> Response:
-        denied = self._unauthorized(request)
-        if denied is not None:
-            return denied
         name = request.path_params["model"]
         if name != self.backend.model_name:
             return _error(
@@ -207,16 +172,6 @@ class _Handlers:
         return _json({"status": "ok", "model": self.backend.model_name})
 
 
-def _parse(api: _API, raw: bytes) -> ParsedCall:
-    try:
-        body = loads(raw)
-    except ValueError as e:
-        raise RequestError(f"the request body is not valid JSON: {e}", None) from e
-    if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object", None)
-    return api.parse(body)
-
-
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
@@ -224,17 +179,31 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return _error(exc.status_code, message, code=code)
 
 
+def _refusal(e: BoltrlError) -> Response:
+    """A request the serving guard refused, in OpenAI's error shape."""
+    if isinstance(e, Unauthorized):
+        return _error(
+            401, "Incorrect API key provided for the boltrl gateway.", code="invalid_api_key"
+        )
+    return _error(e.status_code, str(e), code=e.code)
+
+
 def create_gateway_app(
-    backend: Backend, store: Store | None = None, *, token: str | None = None
+    backend: Backend,
+    store: Store | None = None,
+    *,
+    token: str | None = None,
+    allowed_hosts: Collection[str] | None = None,
 ) -> FastAPI:
     """The gateway as an ASGI app (mount it anywhere; ``Gateway`` serves it standalone).
 
     ``store`` None serves rollout routes without recording them (the rollout id still
     reaches the backend). ``token``, when set, is required as ``Authorization: Bearer``
     (OpenAI clients send their ``api_key`` that way) on every route but ``/health``.
-    Neither the backend nor the store is closed by the app.
+    ``allowed_hosts``, when set, are the only ``Host`` names served (see
+    ``boltrl._serving.Guard``). Neither the backend nor the store is closed by the app.
     """
-    h = _Handlers(backend, store, token)
+    h = _Handlers(backend, store)
     app = FastAPI(title="boltrl gateway", openapi_url=None, docs_url=None, redoc_url=None)
     app.add_exception_handler(HTTPException, _http_error)
     for prefix in ("/rollouts/{rollout_id}/v1", "/v1"):
@@ -243,6 +212,13 @@ def create_gateway_app(
         app.add_route(f"{prefix}/models", h.models, methods=["GET"])
         app.add_route(f"{prefix}/models/{{model:path}}", h.model, methods=["GET"])
     app.add_route("/health", h.health, methods=["GET"])
+    app.add_middleware(
+        Guard,
+        reject=_refusal,
+        token=token,
+        protected=lambda path: path != "/health",
+        allowed_hosts=allowed_hosts,
+    )
     app.state.backend = backend
     app.state.store = store
     return app

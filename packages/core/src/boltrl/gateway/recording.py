@@ -15,8 +15,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from boltrl.errors import BoltrlError, Conflict, NotFound, StoreUnavailable
-from boltrl.gateway._output import ParsedCall, assistant_message, usage_of
+from boltrl.errors import BackendError, BoltrlError, Conflict, NotFound, StoreUnavailable
+from boltrl.gateway._output import assistant_message, usage_of
+from boltrl.gateway._request import ParsedCall
 from boltrl.gateway.backend import Generation
 from boltrl.records import Attempt, LLMCall
 from boltrl.store.base import Store
@@ -51,8 +52,10 @@ def _store_error(e: Exception, rollout_id: str) -> BoltrlError:
 
 
 class Recorder:
-    """Files calls of rollout routes under the rollout's current attempt.
+    """Builds each served call's ``LLMCall`` and files it under the rollout's attempt.
 
+    A call reads top to bottom: ``attempt`` (which attempt the call belongs to), then,
+    after the backend answered, ``served`` or ``failed`` (build the record and write it).
     Store calls run on a small private thread pool (``threads`` workers): few threads
     keep GIL hand-offs cheap under many concurrent calls, while a store doing network or
     disk I/O still overlaps that many calls. Threads start on first use and end when the
@@ -68,26 +71,74 @@ class Recorder:
         return await loop.run_in_executor(self._pool, functools.partial(fn, *args))
 
     async def attempt(self, rollout_id: str) -> Attempt:
-        """The running attempt; raises ``RolloutUnavailable`` (404) or ``StoreUnavailable``."""
+        """The attempt a call of ``rollout_id`` is recorded under: the running one.
+
+        Raises ``RolloutUnavailable`` (404) or ``StoreUnavailable`` (503); nothing is
+        generated for a call that has no attempt to record under.
+        """
         try:
             return await self._run(self.store.current_attempt, rollout_id)
         except Exception as e:
             raise _store_error(e, rollout_id) from e
 
-    async def record(self, attempt: Attempt, call: LLMCall) -> None:
-        """Write the call durably; raises what the agent should be told when that fails."""
+    async def served(
+        self,
+        call_id: str,
+        attempt: Attempt,
+        call: ParsedCall,
+        gen: Generation,
+        *,
+        model: str,
+        policy_version: int | None,
+        started_at: float,
+        ended_at: float,
+    ) -> None:
+        """Record a served call durably (before the agent sees it).
+
+        Raises what the agent should be told instead of the answer: ``BackendError``
+        (502) when the generation cannot be held by a record, the store's refusal or
+        ``StoreUnavailable`` when it cannot be written.
+        """
         try:
-            await self._run(self.store.record, attempt, [call])
+            record = ok_call(
+                call_id,
+                attempt,
+                call,
+                gen,
+                model=model,
+                policy_version=policy_version,
+                started_at=started_at,
+                ended_at=ended_at,
+            )
+        except ValueError as e:  # the backend produced something a record cannot hold
+            log.exception("gateway: call %s cannot be recorded", call_id)
+            raise BackendError(f"backend returned an invalid generation: {e}") from e
+        try:
+            await self._run(self.store.record, attempt, [record])
         except Exception as e:
-            log.warning("gateway: recording call %s failed: %s", call.id, e)
+            log.warning("gateway: recording call %s failed: %s", call_id, e)
             raise _store_error(e, attempt.rollout_id) from e
 
-    async def record_failure(self, attempt: Attempt, call: LLMCall) -> None:
-        """Write a failed call; a store failure here is logged (the backend error wins)."""
+    async def failed(
+        self,
+        call_id: str,
+        attempt: Attempt,
+        call: ParsedCall,
+        error: BaseException,
+        *,
+        model: str,
+        started_at: float,
+        ended_at: float,
+    ) -> None:
+        """Record a call the backend failed; a store failure here is logged, not raised
+        (the backend's error is what the agent is told)."""
+        record = failed_call(
+            call_id, attempt, call, error, model=model, started_at=started_at, ended_at=ended_at
+        )
         try:
-            await self._run(self.store.record, attempt, [call])
+            await self._run(self.store.record, attempt, [record])
         except Exception:
-            log.exception("gateway: could not record failed call %s", call.id)
+            log.exception("gateway: could not record failed call %s", call_id)
 
 
 def ok_call(

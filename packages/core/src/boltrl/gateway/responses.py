@@ -17,7 +17,8 @@ from boltrl.gateway import _fields as f
 from boltrl.gateway import _messages
 from boltrl.gateway._errors import RequestError
 from boltrl.gateway._json import dumps
-from boltrl.gateway._output import ParsedCall, pieces, split, usage_of
+from boltrl.gateway._output import pieces, split, usage_of
+from boltrl.gateway._request import ParsedCall
 from boltrl.gateway.backend import Generation, GenerationRequest
 
 

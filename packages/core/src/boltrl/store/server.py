@@ -15,25 +15,29 @@ pool so waiting runners cannot starve quick calls. Mutating requests may carry a
 from __future__ import annotations
 
 import asyncio
-import hmac
-import ipaddress
 import logging
-import socket
-import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from functools import partial
 from typing import Any, TypeVar
 
 import anyio
-import uvicorn
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from boltrl.errors import BoltrlError, InvalidInput, Unauthorized
+from boltrl._serving import (
+    Guard,
+    ServerThread,
+    bind,
+    check_exposure,
+    local_hosts,
+    serve_forever,
+    url_of,
+)
+from boltrl.errors import BoltrlError, InvalidInput
 from boltrl.records import Resources
 from boltrl.store import _wire as w
 from boltrl.store._checks import check_number, validation_message
@@ -43,7 +47,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _IDEMPOTENCY_CACHE = 4096
-_LOOPBACK_NAMES = ("localhost",)
 
 
 def _json(payload: BaseModel | bytes) -> Response:
@@ -120,14 +123,26 @@ async def _guard(fn: Callable[[], Awaitable[Response]]) -> Response:
         return _error(e)
 
 
-def create_store_app(store: Store, token: str | None = None) -> FastAPI:
-    """A FastAPI app serving ``store`` under ``/store``; requires ``Bearer token`` if set.
+def create_store_app(
+    store: Store, token: str | None = None, *, allowed_hosts: Collection[str] | None = None
+) -> FastAPI:
+    """A FastAPI app serving ``store`` under ``/store``.
 
-    The app does not own the store: closing it stays with the caller.
+    ``token``, when set, is required as ``Authorization: Bearer <token>`` on every store
+    route (``/healthz`` stays open); ``allowed_hosts``, when set, are the only ``Host``
+    names served (see ``boltrl._serving.Guard``). The app does not own the store:
+    closing it stays with the caller.
     """
     app = FastAPI(title="boltrl store", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
-    app.include_router(store_router(store, token))
+    app.include_router(store_router(store))
+    app.add_middleware(
+        Guard,
+        reject=_error,
+        token=token,
+        protected=lambda path: path.startswith(w.PREFIX),
+        allowed_hosts=allowed_hosts,
+    )
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -160,17 +175,11 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, http_error)
 
 
-def store_router(store: Store, token: str | None = None) -> APIRouter:
-    """The store's routes, for mounting into an app of your own."""
+def store_router(store: Store) -> APIRouter:
+    """The store's routes, for mounting into an app of your own (put a ``Guard`` with
+    the token in front of it: the routes check none)."""
 
-    async def auth(request: Request) -> None:
-        if token is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            raise Unauthorized("missing or wrong token (send 'Authorization: Bearer <token>')")
-
-    router = APIRouter(prefix=w.PREFIX, dependencies=[Depends(auth)])
+    router = APIRouter(prefix=w.PREFIX)
     once = _Once()
     long_polls: list[anyio.CapacityLimiter] = []
 
@@ -307,70 +316,17 @@ def store_router(store: Store, token: str | None = None) -> APIRouter:
 # -- running a server -----------------------------------------------------------------------
 
 
-def is_loopback(host: str) -> bool:
-    if host in _LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_exposure(host: str, token: str | None) -> None:
-    """Refuse to serve beyond loopback without a token (anyone could drive the store)."""
-    if token is None and not is_loopback(host):
-        raise InvalidInput(
-            f"host: refusing to serve on {host!r} without a token; pass --token (or "
-            "BOLTRL_TOKEN), or bind 127.0.0.1"
-        )
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket (``port=0`` picks a free one: read it from ``getsockname``)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # proto must say TCP: asyncio sets TCP_NODELAY only on sockets that do, and without
-    # it every response waits ~40 ms (Nagle + delayed ACK between headers and body).
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
-
-
-def url_of(sock: socket.socket) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
 class RunningServer:
     """A uvicorn server running an ASGI app in a background thread (tests, embedding)."""
 
     def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._sock = bind(host, port)
-        self.url = url_of(self._sock)
-        config = uvicorn.Config(
-            app,
-            log_level="warning",
-            lifespan="off",
-            access_log=False,
-            timeout_graceful_shutdown=2,
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
-        )
+        self._thread = ServerThread(app, bind(host, port), name="boltrl-store")
+        self.url = self._thread.url
         self._thread.start()
-        while not self._server.started:
-            if not self._thread.is_alive():
-                raise RuntimeError(f"server on {self.url} failed to start")
-            self._thread.join(0.01)
 
     def stop(self) -> None:
         """Stop serving and wait for the thread (idempotent)."""
-        self._server.should_exit = True
-        self._thread.join(10)
-        self._sock.close()
+        self._thread.stop(10)
 
     def __enter__(self) -> RunningServer:
         return self
@@ -379,12 +335,18 @@ class RunningServer:
         self.stop()
 
 
+def _hosts(host: str, token: str | None) -> list[str] | None:
+    """Without a token, serve only requests addressed to this machine's own names."""
+    return local_hosts(host) if token is None else None
+
+
 def serve_in_thread(
     store: Store, *, token: str | None = None, host: str = "127.0.0.1", port: int = 0
 ) -> RunningServer:
     """Serve ``store`` over HTTP from a background thread; ``.url`` says where."""
     check_exposure(host, token)
-    return RunningServer(create_store_app(store, token), host=host, port=port)
+    app = create_store_app(store, token, allowed_hosts=_hosts(host, token))
+    return RunningServer(app, host=host, port=port)
 
 
 def serve(
@@ -403,13 +365,4 @@ def serve(
     sock = bind(host, port)
     if on_ready is not None:
         on_ready(url_of(sock))
-    config = uvicorn.Config(
-        create_store_app(store, token),
-        log_level="info",
-        access_log=False,
-        timeout_graceful_shutdown=3,
-    )
-    try:
-        uvicorn.Server(config).run(sockets=[sock])
-    finally:
-        sock.close()
+    serve_forever(create_store_app(store, token, allowed_hosts=_hosts(host, token)), sock)
