@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from boltrl.gateway import _http
+from boltrl import _http
 from boltrl.gateway.upstream import UpstreamBackend
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

@@ -8,7 +8,7 @@ are recorded with token ids None, which the trainer refuses loudly rather than
 re-tokenizing. A server that rejects the unknown ``return_token_ids`` field is asked
 once more without it, and never again.
 
-Requests go over the gateway's own small HTTP/1.1 client (``_http``: a fraction of
+Requests go over boltrl's own small HTTP/1.1 client (``boltrl._http``: a fraction of
 httpx's cost per request); through httpx when the environment names an HTTP proxy for
 the upstream (``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``ALL_PROXY``, minus ``NO_PROXY``).
 """
@@ -25,9 +25,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from boltrl import _http
 from boltrl._common import JSON
 from boltrl.errors import BackendError, BackendUnavailable
-from boltrl.gateway import _http
 from boltrl.gateway._json import dumps, loads
 from boltrl.gateway.backend import Generation, GenerationRequest
 

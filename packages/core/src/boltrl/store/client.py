@@ -11,12 +11,17 @@
   sender and blocks until the batch they travel in is acknowledged: a single caller
   pays one round trip per call, many concurrent callers share round trips. ``record``
   never returns before its records are durable on the server.
+- **Transport.** boltrl's small HTTP/1.1 client (``boltrl._http.SyncPool``, shared
+  with the gateway's upstream): keep-alive connections shared by all threads, a
+  fraction of httpx's CPU per request. It honors no proxy settings: a store is reached
+  directly.
 - **Long-polls.** ``claim`` and ``wait`` block on the server in slices of at most
   ``MAX_POLL_S``, looping until their own timeout.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import threading
@@ -27,9 +32,9 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-import httpx
 from pydantic import TypeAdapter
 
+from boltrl import _http
 from boltrl.errors import BoltrlError, InvalidInput, NotFound, StoreUnavailable
 from boltrl.records import AnyRecord, Attempt, Resources, Rollout, RolloutStatus, Task
 from boltrl.store import _wire as w
@@ -66,14 +71,19 @@ class HttpStore:
         self.retries = retries
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = {"authorization": f"Bearer {token}"} if token else {}
         self._timeout_s = timeout_s
-        self._http = httpx.Client(
-            base_url=self.url + w.PREFIX,
-            headers=headers,
-            timeout=timeout_s,
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
-        )
+        try:
+            self._http = _http.SyncPool(
+                self.url + w.PREFIX,
+                headers,
+                timeout_s=timeout_s,
+                connect_timeout_s=min(timeout_s, 10.0),
+                max_idle=64,
+                user_agent="boltrl-store-client",
+            )
+        except ValueError as e:
+            raise InvalidInput(f"url: {e}") from None
         self._batch = _RecordBatcher(self, max_batch)
         self._closed = False
 
@@ -92,17 +102,16 @@ class HttpStore:
         """Send with retries; return the body of a 2xx answer or raise the mapped error."""
         if self._closed:
             raise StoreUnavailable("the store client is closed")
-        headers = {"Content-Type": "application/json"} if body is not None else {}
+        headers = {"content-type": "application/json"} if body is not None else {}
         if once:
-            headers["Idempotency-Key"] = uuid.uuid4().hex
-        timeout = self._timeout_s if timeout_s is None else timeout_s
+            headers["idempotency-key"] = uuid.uuid4().hex
+        if params:
+            path += "?" + urllib.parse.urlencode(params)
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
             try:
-                resp = self._http.request(
-                    method, path, content=body, params=params, headers=headers, timeout=timeout
-                )
-            except httpx.TransportError as e:
+                resp = self._http.request(method, path, body, headers=headers, timeout_s=timeout_s)
+            except _http.TransportError as e:
                 if last:
                     raise StoreUnavailable(f"could not reach the store at {self.url}: {e}") from e
                 log.debug("store request %s %s failed (%s); retrying", method, path, e)
@@ -344,9 +353,9 @@ def _seg(rollout_id: str) -> str:
     return urllib.parse.quote(rollout_id, safe="")
 
 
-def _error_of(resp: httpx.Response) -> BoltrlError:
+def _error_of(resp: _http.Response) -> BoltrlError:
     try:
-        err = resp.json()["error"]
+        err = json.loads(resp.content)["error"]
         return w.error_from(str(err["code"]), str(err["message"]))
     except (ValueError, KeyError, TypeError):
         text = resp.text[:300]
