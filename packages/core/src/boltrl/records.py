@@ -104,13 +104,27 @@ class Attempt(_Record):
         return f"{self.rollout_id}#{self.number}"
 
 
-class LLMCall(_Record):
-    """One model call as the gateway served it: the token-level truth of the rollout."""
+class _RolloutRecord(_Record):
+    """What every record a rollout accumulates carries first: which record it is, where
+    it falls in the store's write order, its id, and the rollout attempt it belongs to.
+    Each subclass narrows ``kind`` to its own literal and gives ``id`` its default."""
 
-    kind: Literal["llm_call"] = "llm_call"
+    kind: str
+    """The discriminator of ``AnyRecord``."""
     seq: int = 0
     """Global write order, assigned by the store on first write (0 before); orders calls,
     tool steps and rewards against each other."""
+    id: str
+    """Unique per record; writing the same id twice keeps the first write."""
+    rollout_id: str = ""
+    attempt: int = 0
+    """Filled in by the rollout context when recorded."""
+
+
+class LLMCall(_RolloutRecord):
+    """One model call as the gateway served it: the token-level truth of the rollout."""
+
+    kind: Literal["llm_call"] = "llm_call"
     id: str
     """The response id the gateway returned (``chatcmpl-…`` / ``resp_…``); adapters join on it."""
     rollout_id: str
@@ -151,7 +165,7 @@ class LLMCall(_Record):
         return self.prompt_token_ids is not None and self.response_token_ids is not None
 
 
-class CallAnnotation(_Record):
+class CallAnnotation(_RolloutRecord):
     """What an adapter knows about one model call, joined onto the gateway's ``LLMCall``.
 
     Joined by ``call_id`` (the response id) when the framework exposes it; otherwise by
@@ -159,13 +173,7 @@ class CallAnnotation(_Record):
     """
 
     kind: Literal["call_annotation"] = "call_annotation"
-    seq: int = 0
-    """Global write order, assigned by the store on first write (0 before); orders calls,
-    tool steps and rewards against each other."""
     id: str = Field(default_factory=lambda: new_id("ann"))
-    rollout_id: str = ""
-    attempt: int = 0
-    """Filled in by the rollout context when recorded."""
     call_id: str | None = None
     """Response id of the gateway call, when the framework exposes it."""
     span_id: str | None = None
@@ -186,16 +194,11 @@ class CallAnnotation(_Record):
     """Order of this annotation within its rollout attempt (set by the context)."""
 
 
-class ToolStep(_Record):
+class ToolStep(_RolloutRecord):
     """One tool execution."""
 
     kind: Literal["tool_step"] = "tool_step"
-    seq: int = 0
-    """Global write order, assigned by the store on first write (0 before); orders calls,
-    tool steps and rewards against each other."""
     id: str = Field(default_factory=lambda: new_id("tool"))
-    rollout_id: str = ""
-    attempt: int = 0
     name: str
     arguments: Any = None
     """Arguments as JSON (a dict for function tools, a string when the framework gives one)."""
@@ -215,16 +218,11 @@ class ToolStep(_Record):
     index: int = 0
 
 
-class RewardEvent(_Record):
+class RewardEvent(_RolloutRecord):
     """A reward that arrived during (or at the end of) a rollout."""
 
     kind: Literal["reward"] = "reward"
-    seq: int = 0
-    """Global write order, assigned by the store on first write (0 before); orders calls,
-    tool steps and rewards against each other."""
     id: str = Field(default_factory=lambda: new_id("rew"))
-    rollout_id: str = ""
-    attempt: int = 0
     value: float
     name: str = "reward"
     call_id: str | None = None
