@@ -183,26 +183,33 @@ def test_tool_call_is_parsed(backend: TransformersBackend, forced: Forced) -> No
     assert "<tools>" not in tok.decode(plain.prompt_token_ids)
 
 
-def test_update_weights_waits_for_batches_and_bumps_version(
+def test_pause_waits_for_batches_and_the_set_version_is_served(
     backend: TransformersBackend,
 ) -> None:
+    """The server's half of ``seams.weight_swap`` (test_update tests the whole swap)."""
     start = backend.policy_version
     with backend.paused():
         fut = backend.submit(chat("Hi", temperature=0, max_tokens=2))
         time.sleep(0.2)
         assert not fut.done()  # no batch starts while paused
-    assert fut.result(30).policy_version == start
-    with backend.update_weights() as version:
-        assert version == start + 1
         with torch.no_grad():
             backend.model.model.norm.weight.mul_(1.0)
+        backend.set_policy_version(start + 1)  # inside the pause: no deadlock
+    assert fut.result(30).policy_version == start + 1
     assert backend.policy_version == start + 1
     assert backend.generate_sync(chat("Hi", max_tokens=2)).policy_version == start + 1
-    with pytest.raises(RuntimeError), backend.update_weights():
-        raise RuntimeError("a failed update keeps the version")
-    assert backend.policy_version == start + 1
+    with pytest.raises(RuntimeError), backend.paused():
+        raise RuntimeError("generation resumes after a failed swap")
+    assert backend.generate_sync(chat("Hi", max_tokens=2)).policy_version == start + 1
     backend.set_policy_version(start)
     assert backend.policy_version == start
+
+
+def test_load_weights_refuses_a_folder_without_trainable_weights(
+    backend: TransformersBackend, tmp_path: Path
+) -> None:
+    with pytest.raises(InvalidInput, match=r"checkpoint: .* holds no trainable\.safetensors"):
+        backend.load_weights(tmp_path)
 
 
 def test_generate_does_not_block_the_event_loop(backend: TransformersBackend) -> None:

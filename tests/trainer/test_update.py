@@ -1,7 +1,9 @@
-"""The torch update recomputes exactly the logprobs the backend recorded, and moves them."""
+"""The torch update recomputes exactly the logprobs the backend recorded, and moves them;
+``weight_swap`` pauses the server around it and serves the trainer's new version."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -12,8 +14,10 @@ from boltrl.records import Transition
 from boltrl_trainer.algorithms import make_config
 from boltrl_trainer.config import LoraConfig, OptimConfig
 from boltrl_trainer.models import load_model, tiny_model
+from boltrl_trainer.policy import apply_lora
+from boltrl_trainer.seams import PolicyServer, TrainBatch, TrainingBackend, weight_swap
 from boltrl_trainer.serving import TransformersBackend
-from boltrl_trainer.update import TorchTrainingBackend, TrainBatch, apply_lora
+from boltrl_trainer.update import TorchTrainingBackend
 
 
 @pytest.fixture(scope="module")
@@ -91,10 +95,50 @@ def test_update_moves_the_policy_towards_advantaged_actions(policy: Any) -> None
     x = tb._tensors(trans, adv)
     with torch.no_grad():
         before = (tb._logprobs(x, 1.0) * x["mask"]).sum(1)
-    metrics, version = tb.update(TrainBatch(trans, adv, 0, 1.0))
+    metrics = tb.update(TrainBatch(trans, adv, 0, 1.0))
+    version = tb.policy_version
     with torch.no_grad():
         after = (tb._logprobs(x, 1.0) * x["mask"]).sum(1)
     assert version == 1
     assert metrics["update/logprob_mismatch"] < 1e-3  # first pass: same weights as sampling
     delta = after - before
     assert all(delta[i] > 0 for i in (0, 2)) and all(delta[i] < 0 for i in (1, 3)), delta
+
+
+def test_weight_swap_pauses_generation_and_serves_the_trainers_version() -> None:
+    torch.manual_seed(0)
+    model, tok = load_model(str(tiny_model()))
+    model = apply_lora(model, LoraConfig(r=4, alpha=8))
+    model.train(False)
+    server = TransformersBackend(model, tok, max_batch=4, seed=3)
+    trainer = TorchTrainingBackend(model, make_config("grpo"), OptimConfig(), pad_id=0)
+    assert isinstance(server, PolicyServer) and isinstance(trainer, TrainingBackend)
+    try:
+        trans = _transitions(_sample(server, ["hi", "hello"], 1.0))
+        with server.paused():
+            fut = _sample_later(server)
+            time.sleep(0.2)
+            assert not fut.done()  # no batch starts while paused
+        assert fut.result(30).policy_version == 0
+        with weight_swap(server, trainer):
+            trainer.update(TrainBatch(trans, [1.0, -1.0], 0, 1.0))
+            assert server.policy_version == 0  # served only once the swap is done
+        assert trainer.policy_version == server.policy_version == 1
+        assert _sample(server, ["hi"], 1.0)[0].policy_version == 1
+        with pytest.raises(RuntimeError), weight_swap(server, trainer):
+            raise RuntimeError("a failed update keeps the version")
+        assert server.policy_version == 1
+        with weight_swap(server, trainer):  # nothing to learn from: weights and version stay
+            assert trainer.update(TrainBatch([], [], 1, 1.0))["update/skipped"] == 1.0
+        assert trainer.policy_version == server.policy_version == 1
+        server.set_policy_version(0)
+        assert server.policy_version == 0
+    finally:
+        server.close()
+
+
+def _sample_later(backend: TransformersBackend) -> Any:
+    request = GenerationRequest(
+        messages=[{"role": "user", "content": "Hi"}], temperature=0, max_tokens=2
+    )
+    return backend.submit(request)

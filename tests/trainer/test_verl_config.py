@@ -14,11 +14,13 @@ from typing import Any
 import pytest
 
 from boltrl.errors import InvalidInput
+from boltrl_trainer.backends import BACKENDS, backend_for
 from boltrl_trainer.config import TrainConfig, load_config
 from boltrl_trainer.verl import INSTALL_COMMAND, VERL_VERSIONS, require_verl, verl_available
 from boltrl_trainer.verl.config import (
     check,
     nominal_batch_size,
+    raise_if_invalid,
     row_multiple,
     verl_overrides,
     verl_settings,
@@ -34,7 +36,11 @@ BASE: dict[str, Any] = {
 
 
 def cfg(**over: Any) -> TrainConfig:
-    return load_config(data={**BASE, **over})
+    """A loaded config that passed the verl section's checks (the verl registry entry's
+    ``check`` runs them before it asks for the GPU stack, which this machine lacks)."""
+    c = load_config(data={**BASE, **over})
+    raise_if_invalid(c)
+    return c
 
 
 def test_a_full_config_maps_onto_verl_keys() -> None:
@@ -209,7 +215,7 @@ def test_every_problem_is_listed_at_once_with_the_file_name(tmp_path: Path) -> N
         "verl:\n  n_gpus_per_node: 4\n  rollout_tp: 3\n"
     )
     with pytest.raises(InvalidInput) as e:
-        load_config(path)
+        backend_for(load_config(path))  # the config's problems, before the missing verl
     lines = str(e.value).splitlines()
     assert lines[0] == f"invalid config {path}:"
     assert [ln.split(":")[0].strip() for ln in lines[1:]] == [
@@ -223,6 +229,16 @@ def test_every_problem_is_listed_at_once_with_the_file_name(tmp_path: Path) -> N
 def test_a_valid_verl_config_has_no_problems_and_torch_configs_are_untouched() -> None:
     assert check(cfg()) == []
     assert check(load_config(data={"agent": "a.py:f"})) == []
+
+
+def test_the_registry_entries_check_their_own_settings() -> None:
+    assert sorted(BACKENDS) == ["torch", "verl"]
+    torch_cfg = load_config(data={"agent": "a.py:f"})
+    assert backend_for(torch_cfg) is BACKENDS["torch"]
+    with pytest.raises(InvalidInput, match="verl: set, but backend is 'torch'"):
+        backend_for(load_config(data={"agent": "a.py:f", "verl": {}}))
+    with pytest.raises(InvalidInput, match=r"^backend: 'verl' needs verl, vllm"):
+        backend_for(cfg())  # a valid verl config, on a machine without verl
 
 
 def test_the_requirements_file_pins_the_versions_the_code_checks() -> None:

@@ -108,7 +108,7 @@ def test_an_update_reaches_the_vllm_engine(tmp_path: Path) -> None:
     from boltrl.gateway.backend import GenerationRequest
     from boltrl.records import Transition
     from boltrl_trainer.config import load_config
-    from boltrl_trainer.update import TrainBatch
+    from boltrl_trainer.seams import TrainBatch, weight_swap
     from boltrl_trainer.verl.backend import build_verl
 
     cfg = load_config(data=_config(tmp_path / "out", lora=None, agent="a.py:f"))
@@ -139,8 +139,9 @@ def test_an_update_reaches_the_vllm_engine(tmp_path: Path) -> None:
             policy_version=0,
             call_ids=["c0"],
         )
-        with pool.update_weights():
-            metrics, version = trainer.update(TrainBatch([sample] * 2, [1.0, 1.0], 0, 1.0))
+        with weight_swap(pool, trainer):
+            metrics = trainer.update(TrainBatch([sample] * 2, [1.0, 1.0], 0, 1.0))
+        version = trainer.policy_version
         assert version == 1 and pool.policy_version == 1
         assert metrics["update/rows"] == 2.0 and abs(metrics["update/logprob_mismatch"]) < 1.0
         after = asyncio.run(pool.generate(request))
@@ -151,7 +152,8 @@ def test_an_update_reaches_the_vllm_engine(tmp_path: Path) -> None:
             before.response_logprobs,
         )
         trainer.save(tmp_path / "ckpt")
-        trainer.load(tmp_path / "ckpt")
+        with weight_swap(pool, trainer):
+            trainer.load(tmp_path / "ckpt", policy_version=trainer.policy_version)
         assert asyncio.run(pool.generate(request)).response_token_ids
     finally:
         pool.close()

@@ -67,9 +67,7 @@ def test_rollouts_run_on_the_engines_and_their_ids_reach_the_verl_batch(
     tasks = tag_tasks(
         [Task(input={"q": i}) for i in range(3)], run="t", step=1, phase="train", repeat=2
     )
-    session = RolloutSession(
-        agent, pool, store, concurrency=3, default_sampling=sampling, progress=False
-    )
+    session = RolloutSession(agent, pool, store, concurrency=3, default_sampling=sampling)
     with session:
         rollouts = session.run(tasks, sampling, label="step 1")
         assert store.resources().model == "policy"
@@ -118,13 +116,14 @@ def test_a_weight_update_waits_for_calls_in_flight_and_holds_new_ones(
     started = time.monotonic()
     first.start()
     time.sleep(0.1)  # the first call is in flight (the engine takes 0.3 s)
-    with pool.update_weights() as version:
+    # the server's half of seams.weight_swap: pause, new weights, serve their version
+    with pool.paused():
         assert time.monotonic() - started >= 0.29  # the update waited for it
         second = threading.Thread(target=call)
         second.start()
         time.sleep(0.2)
         assert len(done) == 1  # a new call waits while the weights change
-        assert version == 1
+        pool.set_policy_version(1)
     second.join(5)
     first.join(5)
     assert [v for _, v in done] == [0, 1]  # recorded under the version that served it

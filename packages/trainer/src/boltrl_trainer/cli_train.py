@@ -9,6 +9,50 @@ from pathlib import Path
 from typing import Any
 
 from boltrl.errors import BoltrlError
+from boltrl_trainer.reporting import ProgressBar
+
+
+class _Bar:
+    """A one-line live progress bar on stderr (plain text when not a terminal)."""
+
+    def __init__(self, label: str, total: int, *, enabled: bool) -> None:
+        self.label = label
+        self.total = total
+        self.enabled = enabled
+        self.started = time.monotonic()
+        self._tty = sys.stderr.isatty()
+        self._last = -1.0
+
+    def update(self, done: int, extra: str = "", *, final: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not final and not self._tty and now - self._last < 5.0:
+            return  # a log file gets a line every 5 s, not a redraw per tick
+        self._last = now
+        width = 24
+        filled = int(width * done / max(self.total, 1))
+        bar = "#" * filled + "-" * (width - filled)
+        line = f"{self.label} [{bar}] {done}/{self.total} {now - self.started:5.1f}s {extra}"
+        if self._tty:
+            sys.stderr.write("\r" + line.ljust(100) + ("\n" if final else ""))
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+class ConsoleReporter:
+    """The CLI's ``Reporter``: event lines on stdout, live progress bars on stderr
+    (``progress=False``: no bars)."""
+
+    def __init__(self, *, progress: bool = True) -> None:
+        self.show_progress = progress
+
+    def line(self, text: str) -> None:
+        print(text, flush=True)
+
+    def progress(self, label: str, total: int) -> ProgressBar:
+        return _Bar(label, total, enabled=self.show_progress)
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
@@ -48,7 +92,9 @@ def _train_run(args: argparse.Namespace) -> int:
 
     try:
         cfg = _load(args)
-        result = Trainer(cfg).run(resume=args.resume)
+        result = Trainer(cfg, reporter=ConsoleReporter(progress=cfg.progress)).run(
+            resume=args.resume
+        )
     except BoltrlError as e:
         print(f"boltrl train: {e}", file=sys.stderr)
         return 2
@@ -99,6 +145,7 @@ def _eval_run(args: argparse.Namespace) -> int:
             checkpoint=args.checkpoint,
             temperature=args.temperature,
             limit=args.limit,
+            reporter=ConsoleReporter(progress=cfg.progress),
         )
     except BoltrlError as e:
         print(f"boltrl eval: {e}", file=sys.stderr)
@@ -134,7 +181,8 @@ def _demo_run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         cfg = load_config(None, overrides, data=dict(DEMO_CONFIG))
-        result = Trainer(cfg, run_name="demo").run()
+        reporter = ConsoleReporter(progress=cfg.progress)
+        result = Trainer(cfg, run_name="demo", reporter=reporter).run()
     except BoltrlError as e:
         print(f"boltrl demo: {e}", file=sys.stderr)
         return 2
@@ -148,4 +196,9 @@ def register(commands: Any) -> None:
     commands.add("eval", "evaluate an agent on task sets against a model", _eval_args, _eval_run)
     commands.add(
         "demo", "train SmolLM2-135M on CPU end to end and show the gain", _demo_args, _demo_run
+    )
+    from boltrl_trainer.cli_sft import sft_args, sft_run
+
+    commands.add(
+        "sft", "warm-start a model on demonstrations through the real agent", sft_args, sft_run
     )

@@ -3,6 +3,11 @@
 Every field is documented where it is declared; a bad value is rejected with an error
 that names the field (``grpo.clip_low: must be > 0``) before anything starts.
 Command-line overrides use dotted keys: ``--set steps=4 --set grpo.group_size=8``.
+
+``load_config`` checks the schema; what only a backend knows (settings that would do
+nothing under verl, a missing GPU stack) is its registry entry's ``check``
+(``boltrl_trainer.backends.backend_for``), which the trainer and ``boltrl eval`` run
+before anything starts. This module knows no backend, so they can import it.
 """
 
 from __future__ import annotations
@@ -11,10 +16,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from boltrl.errors import InvalidInput
+from boltrl_trainer.trackers import DEFAULT_REPORT_TO, ReportTo
 from boltrl_trainer.verl.settings import VerlConfig
+from boltrl_trainer.warm_start_config import WarmStartConfig
 
 
 class _Cfg(BaseModel):
@@ -123,10 +130,27 @@ class TrainConfig(_Cfg):
     seed: int = 0
     progress: bool = True
     """Show a live progress bar."""
+    report_to: ReportTo = Field(default_factory=lambda: list(DEFAULT_REPORT_TO))
+    """Experiment trackers, as TRL and verl name them: any of ``jsonl``, ``tensorboard``,
+    ``wandb``, ``mlflow`` (or ``none``); see ``boltrl_trainer.trackers``."""
+    warm_start: WarmStartConfig | None = None
+    """Supervised warm start from demonstrations, run before RL (and all that ``boltrl sft``
+    runs); see ``boltrl_trainer.warm_start_config``. Torch backend only."""
+    init_from: str | None = None
+    """A checkpoint boltrl wrote (RL or warm start: its folder, or a run folder / its
+    ``checkpoints`` folder, whose ``latest`` is taken) whose weights start the run
+    (``boltrl train`` and ``boltrl sft``). Torch backend only."""
+
+    _source: str = PrivateAttr(default="(inline)")
 
     @property
     def store_url(self) -> str:
         return self.store or f"sqlite:///{Path(self.out_dir) / 'store.db'}"
+
+    @property
+    def source(self) -> str:
+        """Where the config was read from (its file, else ``(inline)``), for errors."""
+        return self._source
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
@@ -160,7 +184,8 @@ def load_config(
     """Read a YAML config (or ``data``), apply ``key=value`` overrides (values parsed as
     YAML), resolve relative paths against the config file, and validate.
 
-    Raises ``InvalidInput`` whose message lists every bad field by name.
+    Raises ``InvalidInput`` whose message lists every bad field by name. Backend checks
+    are separate (see the module docstring).
     """
     raw: dict[str, Any] = dict(data or {})
     base = Path.cwd()
@@ -187,11 +212,9 @@ def load_config(
         cfg = TrainConfig.model_validate(raw)
     except ValidationError as e:
         raise InvalidInput(_format_errors(e, source)) from None
-    if cfg.backend == "verl" or cfg.verl is not None:
-        from boltrl_trainer.verl.config import raise_if_invalid
-
-        raise_if_invalid(cfg, source)
-    return _resolve_paths(cfg, base)
+    out = _resolve_paths(cfg, base)
+    out._source = source
+    return out
 
 
 def _resolve(value: str | None, base: Path) -> str | None:
@@ -211,4 +234,7 @@ def _resolve_paths(cfg: TrainConfig, base: Path) -> TrainConfig:
             "test": _resolve(cfg.tasks.test, base),
         }
     )
-    return cfg.model_copy(update={"agent": _resolve(cfg.agent, base), "tasks": tasks})
+    update: dict[str, Any] = {"agent": _resolve(cfg.agent, base), "tasks": tasks}
+    if cfg.warm_start is not None:
+        update["warm_start"] = cfg.warm_start.resolved(lambda v: _resolve(v, base))
+    return cfg.model_copy(update=update)

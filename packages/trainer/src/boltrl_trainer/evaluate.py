@@ -7,74 +7,67 @@ is greedy (temperature 0) unless told otherwise.
 
 from __future__ import annotations
 
+import asyncio
 import json
-import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from boltrl.credit import CreditConfig
 from boltrl.errors import InvalidInput
+from boltrl.gateway.backend import Backend
 from boltrl.loading import load_object
-from boltrl.records import Rollout, RolloutStatus
+from boltrl.records import Rollout
+from boltrl.scoring import ScoreSummary, rollout_score, summarize_scores
 from boltrl.store import open_store
+from boltrl_trainer.backends import backend_for
 from boltrl_trainer.config import TrainConfig
+from boltrl_trainer.reporting import Reporter
 from boltrl_trainer.session import RolloutSession, Sampling, tag_tasks
 from boltrl_trainer.tasks import load_tasks
 
 
 @dataclass
 class SplitResult:
+    """One split's rollouts, scored as training scores them (``boltrl.scoring``)."""
+
     split: str
     rollouts: list[Rollout]
+    credit: CreditConfig = field(default_factory=CreditConfig)
 
     @property
-    def rewards(self) -> list[float]:
-        return [
-            (r.reward or 0.0) if r.status == RolloutStatus.SUCCEEDED else 0.0 for r in self.rollouts
-        ]
+    def scores(self) -> list[float | None]:
+        """Per rollout its score; None for one that did not succeed."""
+        return [rollout_score(r, self.credit) for r in self.rollouts]
+
+    @property
+    def summary(self) -> ScoreSummary:
+        """Mean and spread over every task; a rollout that did not succeed scores 0."""
+        return summarize_scores(self.rollouts, self.credit, failed_as=0.0)
 
     @property
     def mean(self) -> float:
-        xs = self.rewards
-        return sum(xs) / len(xs) if xs else 0.0
+        return self.summary.mean
 
     @property
     def std(self) -> float:
-        xs, m = self.rewards, self.mean
-        return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs)) if xs else 0.0
+        return self.summary.std
 
     @property
     def failed(self) -> int:
-        return sum(r.status != RolloutStatus.SUCCEEDED for r in self.rollouts)
+        return self.summary.failed
 
 
-def _backend(
+def _server(
     cfg: TrainConfig, upstream: str | None, model: str | None, checkpoint: str | None
-) -> Any:
+) -> Backend:
     if upstream is not None:
         from boltrl.gateway.upstream import UpstreamBackend
 
         if model is None:
             raise InvalidInput("--model: required with --upstream (the served model's name)")
         return UpstreamBackend(upstream, model)
-    from boltrl_trainer.serving import TransformersBackend
-    from boltrl_trainer.trainer import load_policy
-
-    policy, tok = load_policy(cfg if checkpoint else cfg.model_copy(update={"lora": None}))
-    if checkpoint is not None:  # weights only: evaluation needs no optimizer state
-        from boltrl_trainer.update import load_trainable
-
-        load_trainable(policy, Path(checkpoint))
-    return TransformersBackend(
-        policy,
-        tok,
-        max_batch=cfg.concurrency,
-        batch_window_s=0.02,
-        max_tokens=cfg.max_tokens,
-        model_name="policy",
-        seed=cfg.seed,
-    )
+    return backend_for(cfg).serve(cfg, None if checkpoint is None else Path(checkpoint))
 
 
 def evaluate(
@@ -87,6 +80,7 @@ def evaluate(
     temperature: float = 0.0,
     limit: int | None = None,
     store_url: str | None = None,
+    reporter: Reporter | None = None,
 ) -> list[SplitResult]:
     """Evaluate the configured agent on each named split; returns per-split results."""
     sources = {"train": cfg.tasks.train, "val": cfg.tasks.val, "test": cfg.tasks.test}
@@ -96,8 +90,9 @@ def evaluate(
         if src is None:
             raise InvalidInput(f"tasks.{split}: not set in the config; cannot evaluate it")
         task_sets[split] = load_tasks(src, split=split)[:limit]
+    credit = CreditConfig.from_dict(cfg.credit)
     agent = load_object(cfg.agent, what="agent")
-    backend = _backend(cfg, upstream, model, checkpoint)
+    backend = _server(cfg, upstream, model, checkpoint)
     store = open_store(store_url or "memory://")
     sampling = Sampling(temperature, cfg.top_p, cfg.max_tokens)
     session = RolloutSession(
@@ -108,22 +103,24 @@ def evaluate(
         default_sampling=sampling,
         timeout_s=cfg.rollout_timeout_s,
         max_attempts=cfg.max_attempts,
-        progress=cfg.progress,
+        reporter=reporter,
+        credit=credit,
     )
     results = []
     try:
         with session:
             for split, tasks in task_sets.items():
                 tagged = tag_tasks(tasks, run="eval", step=0, phase=split)
-                results.append(
-                    SplitResult(split, session.run(tagged, sampling, label=f"eval {split}"))
-                )
+                rollouts = session.run(tagged, sampling, label=f"eval {split}")
+                results.append(SplitResult(split, rollouts, credit))
     finally:
-        close = getattr(backend, "close", None)
-        if callable(close):
-            close()
+        _close(backend)
         store.close()
     return results
+
+
+def _close(backend: Backend) -> None:
+    asyncio.run(backend.aclose())
 
 
 def format_table(results: list[SplitResult], *, per_task: int = 0) -> str:
@@ -139,8 +136,8 @@ def format_table(results: list[SplitResult], *, per_task: int = 0) -> str:
             continue
         lines.append("")
         lines.append(f"{res.split}: {'task':<32} {'status':<10} reward")
-        for r in res.rollouts[:per_task]:
-            rew = "-" if r.reward is None else f"{r.reward:.3f}"
+        for r, score in list(zip(res.rollouts, res.scores, strict=True))[:per_task]:
+            rew = "-" if score is None else f"{score:.3f}"
             pad = " " * (len(res.split) + 2)
             lines.append(f"{pad}{r.task.id[:32]:<32} {r.status.value:<10} {rew}")
         if len(res.rollouts) > per_task:
@@ -159,8 +156,8 @@ def write_report(results: list[SplitResult], path: Path) -> None:
                 "tasks": len(r.rollouts),
                 "failed": r.failed,
                 "per_task": [
-                    {"task": x.task.id, "status": x.status.value, "reward": x.reward}
-                    for x in r.rollouts
+                    {"task": x.task.id, "status": x.status.value, "reward": score}
+                    for x, score in zip(r.rollouts, r.scores, strict=True)
                 ],
             }
             for r in results

@@ -25,11 +25,12 @@ Token truth (what each ``Generation`` records):
   noise (tested at 1e-4 on CPU float32), also for rows batched with others.
 - ``template_hash``: sha256 of the chat template text; ``policy_version``: see below.
 
-Weights: the trainer updates ``backend.model`` in place (or swaps it) inside
-``with backend.paused():`` (once asked for, the running loop admits no new requests; the
-call blocks until the replies in flight end, and no loop starts inside the block), and
-bumps ``policy_version`` with ``backend.update_weights()`` (pause + bump on success) or
-``set_policy_version``. Every reply carries the version its whole loop ran under.
+Weights: it is a ``boltrl_trainer.seams.PolicyServer``. The trainer updates
+``backend.model`` in place (or swaps it) inside ``with backend.paused():`` (once asked
+for, the running loop admits no new requests; the call blocks until the replies in
+flight end, and no loop starts inside the block), then sets ``policy_version`` — the
+sequence ``seams.weight_swap`` writes once. Every reply carries the version its whole
+loop ran under.
 """
 
 from __future__ import annotations
@@ -44,12 +45,14 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from boltrl.errors import BackendError, BackendUnavailable, InvalidInput
 from boltrl.gateway.backend import Generation, GenerationRequest
 from boltrl_trainer import _chat
 from boltrl_trainer.models import DEFAULT_MODEL, ensure_chat_template, is_default, load_model
+from boltrl_trainer.update import load_trainable
 
 if TYPE_CHECKING:
     import torch
@@ -226,16 +229,6 @@ class TransformersBackend:
         finally:
             self._lock.release()
 
-    @contextlib.contextmanager
-    def update_weights(self) -> Iterator[int]:
-        """``paused()``, then bump ``policy_version`` if the block exits without error.
-
-        Yields the version the new weights will be served as.
-        """
-        with self.paused():
-            yield self._version + 1
-            self._version += 1
-
     def stats(self) -> dict[str, int]:
         """Counters since start: ``batches`` (sampling loops started), ``requests``,
         ``prompt_tokens``, ``completion_tokens``, ``steps`` (forward passes) and
@@ -244,9 +237,15 @@ class TransformersBackend:
         return dict(self._stats)
 
     def set_policy_version(self, version: int) -> None:
-        """Set the served version (e.g. when resuming from a checkpoint). Waits for the batch."""
+        """Set the served version (after an update, or when resuming). Waits for the batch."""
         with self.paused():
             self._version = int(version)
+
+    def load_weights(self, path: Path) -> None:
+        """Serve the trainable weights of a torch-backend checkpoint folder (its
+        ``trainable.safetensors``); raises ``InvalidInput`` when it has none."""
+        with self.paused():
+            load_trainable(self._model, path)
 
     # ------------------------------------------------------------------ worker
 

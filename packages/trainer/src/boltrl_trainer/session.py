@@ -15,18 +15,20 @@ validation is greedy whatever the agent asks for.
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from boltrl.credit import CreditConfig
 from boltrl.gateway import Gateway
 from boltrl.gateway.backend import Backend, Generation, GenerationRequest
-from boltrl.records import Resources, Rollout, RolloutStatus, Task
+from boltrl.records import Resources, Rollout, Task
 from boltrl.runner import AgentFn, Runner
+from boltrl.scoring import summarize_scores
 from boltrl.store.base import Store
+from boltrl_trainer.reporting import LogReporter, Reporter
 
 log = logging.getLogger(__name__)
 
@@ -100,39 +102,12 @@ class PhaseSampling:
         await self.inner.aclose()
 
 
-class Progress:
-    """A one-line live progress bar on stderr (plain text when not a terminal)."""
-
-    def __init__(self, label: str, total: int, *, enabled: bool = True) -> None:
-        self.label = label
-        self.total = total
-        self.enabled = enabled
-        self.started = time.monotonic()
-        self._tty = sys.stderr.isatty()
-        self._last = -1.0
-
-    def update(self, done: int, extra: str = "", *, final: bool = False) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if not final and not self._tty and now - self._last < 5.0:
-            return  # a log file gets a line every 5 s, not a redraw per tick
-        self._last = now
-        width = 24
-        filled = int(width * done / max(self.total, 1))
-        bar = "#" * filled + "-" * (width - filled)
-        line = f"{self.label} [{bar}] {done}/{self.total} {now - self.started:5.1f}s {extra}"
-        if self._tty:
-            sys.stderr.write("\r" + line.ljust(100) + ("\n" if final else ""))
-        else:
-            sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-
-
 class RolloutSession:
     """Runs tasks through ``agent`` against ``backend``; start with ``with``.
 
-    Not thread-safe: one ``run`` at a time (the trainer's loop).
+    Each phase shows live progress on ``reporter`` and ends with its rollouts' mean
+    score (``boltrl.scoring``, under ``credit``: the return training uses). Not
+    thread-safe: one ``run`` at a time (the trainer's loop).
     """
 
     def __init__(
@@ -145,7 +120,8 @@ class RolloutSession:
         default_sampling: Sampling,
         timeout_s: float | None = None,
         max_attempts: int = 2,
-        progress: bool = True,
+        reporter: Reporter | None = None,
+        credit: CreditConfig | None = None,
     ) -> None:
         self.backend = PhaseSampling(backend, default_sampling)
         self.store = store
@@ -153,7 +129,8 @@ class RolloutSession:
         self.concurrency = concurrency
         self.timeout_s = timeout_s
         self.max_attempts = max_attempts
-        self.progress = progress
+        self.reporter: Reporter = reporter or LogReporter()
+        self.credit = credit or CreditConfig()
         self.gateway = Gateway(self.backend, store)
         self.runner = Runner(agent, store, concurrency=concurrency, claim_wait_s=1.0)
 
@@ -189,7 +166,7 @@ class RolloutSession:
         """Enqueue ``tasks`` (one rollout each), wait for all, return them in order."""
         ids = self.store.enqueue(tasks, max_attempts=self.max_attempts, timeout_s=self.timeout_s)
         self.backend.assign(ids, sampling)
-        bar = Progress(label, len(ids), enabled=self.progress)
+        bar = self.reporter.progress(label, len(ids))
         base = self.runner.stats.succeeded + self.runner.stats.failed
         stop = threading.Event()
 
@@ -211,9 +188,8 @@ class RolloutSession:
             stop.set()
             ticker.join()
             self.backend.forget(ids)
-        rewards = [r.reward or 0.0 for r in out if r.status == RolloutStatus.SUCCEEDED]
-        mean = sum(rewards) / len(rewards) if rewards else 0.0
-        bar.update(len(ids), f"reward {mean:.3f}", final=True)
+        score = summarize_scores(out, self.credit)  # of the succeeded ones, as training
+        bar.update(len(ids), f"reward {score.mean:.3f}", final=True)
         return out
 
 

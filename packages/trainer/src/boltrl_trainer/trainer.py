@@ -1,37 +1,40 @@
-"""The training loop of ``boltrl train`` (torch backend): read top to bottom.
+"""The training loop of ``boltrl train``: read top to bottom.
 
-setup: model (+ LoRA) → TransformersBackend → store → gateway + runners (a session).
+setup: the registry entry of ``cfg.backend`` (checked) builds a policy server and a
+       training backend (``boltrl_trainer.seams``) → store → gateway + runners (a session).
 step:  enqueue batch_tasks x group_size rollouts → wait → transitions (credit
-       assignment) → advantages → update (generation paused) → policy version + 1.
+       assignment) → advantages → update inside ``weight_swap`` (generation paused)
+       → policy version + 1.
 every val_every steps: held-out tasks at temperature 0. Checkpoints and ``resume``.
+Rewards are reported as ``boltrl.scoring`` scores: the return training uses.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import random
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from boltrl.credit import CreditConfig, MissingTokenIds, transitions
 from boltrl.errors import InvalidInput
 from boltrl.loading import load_object
 from boltrl.records import Rollout, RolloutStatus, Task, Transition
+from boltrl.scoring import summarize_scores
 from boltrl.store import open_store
+from boltrl.store.base import Store
 from boltrl_trainer.algorithms import RunningBaseline, compute_advantages, make_config
+from boltrl_trainer.backends import backend_for
 from boltrl_trainer.config import TrainConfig
 from boltrl_trainer.metrics import MetricsWriter, plot_rewards
+from boltrl_trainer.reporting import LogReporter, Reporter
+from boltrl_trainer.seams import PolicyServer, TrainBatch, TrainingBackend, weight_swap
 from boltrl_trainer.session import RolloutSession, Sampling, tag_tasks
 from boltrl_trainer.tasks import load_tasks
-from boltrl_trainer.update import TorchTrainingBackend, TrainBatch, apply_lora
-
-if TYPE_CHECKING:
-    from boltrl_trainer.verl.backend import VerlTrainingBackend
+from boltrl_trainer.trackers import run_lineage
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +45,7 @@ class TrainResult:
 
     steps_done: int
     val_history: list[tuple[int, float]] = field(default_factory=list)
-    """(step, mean val reward) pairs, step 0 = before training."""
+    """(step, mean val score) pairs, step 0 = before training."""
     out_dir: Path = Path(".")
     plot: Path | None = None
 
@@ -55,43 +58,17 @@ class TrainResult:
         return self.val_history[-1][1] if self.val_history else None
 
 
-def _mean_std(xs: list[float]) -> tuple[float, float]:
-    if not xs:
-        return 0.0, 0.0
-    m = sum(xs) / len(xs)
-    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
-
-
-def pick_device(name: str) -> str:
-    if name != "auto":
-        return name
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def load_policy(cfg: TrainConfig) -> tuple[Any, Any]:
-    """The model (with LoRA when configured) and its tokenizer."""
-    import torch
-
-    from boltrl_trainer.models import load_model
-
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    model, tok = load_model(cfg.model, device=pick_device(cfg.device), dtype=dtype[cfg.dtype])
-    if cfg.lora is not None:
-        model = apply_lora(model, cfg.lora)
-    model.train(False)  # inference mode until an update
-    return model, tok
-
-
 class Trainer:
-    """One ``boltrl train`` run. Use ``Trainer(cfg).run(resume=...)``."""
+    """One ``boltrl train`` run. Use ``Trainer(cfg).run(resume=...)``.
 
-    def __init__(self, cfg: TrainConfig, *, run_name: str | None = None) -> None:
-        if cfg.backend == "verl":
-            from boltrl_trainer.verl import require_verl
+    ``reporter`` receives the per-step and validation lines and the rollout phases'
+    progress (default: logging; the CLI hands in its console reporter).
+    """
 
-            require_verl()  # says how to install verl and vLLM when they are missing
+    def __init__(
+        self, cfg: TrainConfig, *, run_name: str | None = None, reporter: Reporter | None = None
+    ) -> None:
+        self.kind = backend_for(cfg)  # e.g. says how to install verl and vLLM when missing
         if cfg.tasks.train is None:
             raise InvalidInput("tasks.train: required for training (a .jsonl file or module:fn)")
         if cfg.steps > 0 and not cfg.temperature > 0:
@@ -101,6 +78,7 @@ class Trainer:
         self.cfg = cfg
         self.out = Path(cfg.out_dir)
         self.run_name = run_name or self.out.name
+        self.reporter: Reporter = reporter or LogReporter()
         self.algo = make_config(cfg.algorithm, cfg.algo)
         self.credit = CreditConfig.from_dict(cfg.credit)
         self.agent = load_object(cfg.agent, what="agent")
@@ -116,61 +94,54 @@ class Trainer:
     def run(self, *, resume: bool = False) -> TrainResult:
         import torch
 
-        from boltrl_trainer.serving import TransformersBackend
-
         cfg = self.cfg
         self.out.mkdir(parents=True, exist_ok=True)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         t0 = time.perf_counter()
-        backend: Any
-        trainer: TorchTrainingBackend | VerlTrainingBackend
-        if cfg.backend == "verl":  # verl's FSDP actor on Ray; its vLLM servers serve rollouts
-            from boltrl_trainer.verl.backend import build_verl
-
-            backend, trainer = build_verl(cfg)
-        else:
-            model, tok = load_policy(cfg)
-            backend = TransformersBackend(
-                model,
-                tok,
-                max_batch=max(cfg.concurrency, 1),
-                batch_window_s=0.02,
-                max_tokens=cfg.max_tokens,
-                model_name="policy",
-                seed=cfg.seed,
-            )
-            pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-            trainer = TorchTrainingBackend(model, self.algo, cfg.optim, pad_id=int(pad))
+        server, trainer = self.kind.build(cfg)
         store = open_store(cfg.store_url)
-        start_step, history = 0, list[tuple[int, float]]()
-        if resume:
-            start_step, history = self._resume(trainer, backend, store)
-        n_params = sum(p.numel() for p in getattr(trainer, "params", []))  # none for verl
-        log.info(
-            "model ready in %.1fs (%s)",
-            time.perf_counter() - t0,
-            f"{n_params} trainable params" if n_params else f"backend {cfg.backend}",
-        )
-        metrics = MetricsWriter(self.out)
-        train_sampling = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens)
-        session = RolloutSession(
-            self.agent,
-            backend,
-            store,
-            concurrency=cfg.concurrency,
-            default_sampling=train_sampling,
-            timeout_s=cfg.rollout_timeout_s,
-            max_attempts=cfg.max_attempts,
-            progress=cfg.progress,
+        metrics = MetricsWriter(
+            self.out,
+            report_to=cfg.report_to,
+            run_name=self.run_name,
+            config=cfg.model_dump(mode="json"),
+            lineage=run_lineage(cfg, resume=resume),
         )
         try:
+            start_step, history = 0, list[tuple[int, float]]()
+            if resume:
+                start_step, history = self._resume(trainer, server, store)
+            elif cfg.init_from is not None or cfg.warm_start is not None:
+                from boltrl_trainer.warm_start import prepare_policy
+
+                prepare_policy(
+                    cfg,
+                    agent=self.agent,
+                    server=server,
+                    trainer=trainer,
+                    store=store,
+                    out_dir=self.out,
+                    reporter=self.reporter,
+                )
+            log.info("model ready in %.1fs (backend %s)", time.perf_counter() - t0, cfg.backend)
+            train_sampling = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens)
+            session = RolloutSession(
+                self.agent,
+                server,
+                store,
+                concurrency=cfg.concurrency,
+                default_sampling=train_sampling,
+                timeout_s=cfg.rollout_timeout_s,
+                max_attempts=cfg.max_attempts,
+                reporter=self.reporter,
+                credit=self.credit,
+            )
             with session:
                 if not history and self.val_tasks:
                     history.append((0, self._validate(session, 0, metrics)))
-                step = start_step
                 for step in range(start_step + 1, cfg.steps + 1):
-                    self._step(session, backend, trainer, step, metrics, train_sampling)
+                    self._step(session, server, trainer, step, metrics, train_sampling)
                     last = step == cfg.steps
                     if self.val_tasks and (last or (cfg.val_every and step % cfg.val_every == 0)):
                         history.append((step, self._validate(session, step, metrics)))
@@ -178,7 +149,8 @@ class Trainer:
                         self._checkpoint(trainer, step, history)
         finally:
             metrics.close()
-            backend.close()
+            server.close()
+            trainer.close()
             store.close()
         plot = None
         if (self.out / "metrics.jsonl").exists():
@@ -192,8 +164,8 @@ class Trainer:
     def _step(
         self,
         session: RolloutSession,
-        backend: Any,
-        trainer: TorchTrainingBackend | VerlTrainingBackend,
+        server: PolicyServer,
+        trainer: TrainingBackend,
         step: int,
         metrics: MetricsWriter,
         sampling: Sampling,
@@ -206,7 +178,7 @@ class Trainer:
             chosen, run=self.run_name, step=step, phase="train", repeat=cfg.group_size
         )
         busy0 = session.backend.busy_s
-        tokens0 = backend.stats().get("completion_tokens", 0)
+        tokens0 = server.stats().get("completion_tokens", 0)
         rollouts = session.run(tasks, sampling, label=f"step {step}/{cfg.steps}")
         t_rollout = time.perf_counter() - t_step
         generation_s = session.backend.busy_s - busy0
@@ -214,15 +186,15 @@ class Trainer:
         t_prep = time.perf_counter()
         batch, stats = self._batch(rollouts, trainer.policy_version, sampling.temperature)
         prep_s = time.perf_counter() - t_prep
-        with backend.update_weights():
-            upd, version = trainer.update(batch)
+        with weight_swap(server, trainer):
+            upd = trainer.update(batch)
         session.publish()
         step_s = time.perf_counter() - t_step
-        gen = backend.stats()
+        gen = server.stats()
         row = {
             **stats,
             **upd,
-            "policy_version": version,
+            "policy_version": trainer.policy_version,
             "time/step_s": step_s,
             "time/rollout_s": t_rollout,
             "time/generation_s": generation_s,
@@ -236,14 +208,13 @@ class Trainer:
             "throughput/rollouts_per_s": len(rollouts) / max(t_rollout, 1e-9),
         }
         metrics.write(step, row)
-        print(
+        self.reporter.line(
             f"step {step:>3} | reward {stats['train/reward_mean']:.3f} ± "
             f"{stats['train/reward_std']:.3f} | loss {upd.get('update/loss', 0.0):+.4f} "
             f"| kl {upd.get('update/approx_kl', 0.0):.4f} "
             f"| clip {upd.get('update/clip_frac', 0.0):.3f}"
             f" | failed {stats['train/failed']:.0f} skipped {stats['train/skipped_groups']:.0f}"
-            f" | {t_rollout:.1f}s rollout + {upd.get('time/update_s', 0.0):.1f}s update",
-            flush=True,
+            f" | {t_rollout:.1f}s rollout + {upd.get('time/update_s', 0.0):.1f}s update"
         )
 
     def _batch(
@@ -263,11 +234,10 @@ class Trainer:
                 refused += 1
                 log.error("refusing rollout %s for training: %s", r.id, e)
         self.counters["refused_rollouts"] += refused
-        rewards = [r.reward or 0.0 for r in ok]
-        mean, std = _mean_std(rewards)
+        score = summarize_scores(ok, self.credit)
         stats: dict[str, float] = {
-            "train/reward_mean": mean,
-            "train/reward_std": std,
+            "train/reward_mean": score.mean,
+            "train/reward_std": score.std,
             "train/rollouts": float(len(rollouts)),
             "train/failed": float(failed),
             "train/refused": float(refused),
@@ -288,32 +258,26 @@ class Trainer:
         cfg = self.cfg
         tasks = tag_tasks(self.val_tasks, run=self.run_name, step=step, phase="val")
         out = session.run(tasks, Sampling(0.0, 1.0, cfg.max_tokens), label=f"val @ {step}")
-        rewards = [r.reward or 0.0 if r.status == RolloutStatus.SUCCEEDED else 0.0 for r in out]
-        mean, std = _mean_std(rewards)
-        failed = sum(r.status != RolloutStatus.SUCCEEDED for r in out)
+        score = summarize_scores(out, self.credit, failed_as=0.0)
         metrics.write(
             step,
             {
-                "val/reward_mean": mean,
-                "val/reward_std": std,
-                "val/failed": float(failed),
+                "val/reward_mean": score.mean,
+                "val/reward_std": score.std,
+                "val/failed": float(score.failed),
                 "val/tasks": float(len(out)),
             },
         )
-        print(
-            f"val @ step {step}: reward {mean:.3f} over {len(out)} tasks"
-            + (f" ({failed} failed, scored 0)" if failed else ""),
-            flush=True,
+        self.reporter.line(
+            f"val @ step {step}: reward {score.mean:.3f} over {len(out)} tasks"
+            + (f" ({score.failed} failed, scored 0)" if score.failed else "")
         )
-        return mean
+        return score.mean
 
     # -- checkpoints ----------------------------------------------------------------
 
     def _checkpoint(
-        self,
-        trainer: TorchTrainingBackend | VerlTrainingBackend,
-        step: int,
-        history: list[tuple[int, float]],
+        self, trainer: TrainingBackend, step: int, history: list[tuple[int, float]]
     ) -> Path:
         final = self.out / "checkpoints" / f"step-{step:06d}"
         tmp = final.with_name(final.name + ".tmp")
@@ -334,16 +298,15 @@ class Trainer:
         return final
 
     def _resume(
-        self, trainer: TorchTrainingBackend | VerlTrainingBackend, backend: Any, store: Any
+        self, trainer: TrainingBackend, server: PolicyServer, store: Store
     ) -> tuple[int, list[tuple[int, float]]]:
         latest = self.out / "checkpoints" / "latest"
         if not latest.is_file():
             raise InvalidInput(f"--resume: no checkpoint in {self.out / 'checkpoints'}")
         path = self.out / "checkpoints" / latest.read_text().strip()
         state = json.loads((path / "state.json").read_text())
-        trainer.load(path)
-        trainer.set_version(int(state["policy_version"]))
-        backend.set_policy_version(int(state["policy_version"]))
+        with weight_swap(server, trainer):
+            trainer.load(path, policy_version=int(state["policy_version"]))
         b = state.get("baseline")
         self.baseline.value = None if b is None else float(b)
         self.counters.update(state.get("counters", {}))
@@ -351,8 +314,7 @@ class Trainer:
         for status in (RolloutStatus.QUEUED, RolloutStatus.REQUEUED, RolloutStatus.RUNNING):
             for r in store.query(status=status, limit=100_000):
                 store.cancel(r.id)
-        print(
-            f"resumed from {path} (step {state['step']}, policy version {state['policy_version']})",
-            flush=True,
+        self.reporter.line(
+            f"resumed from {path} (step {state['step']}, policy version {state['policy_version']})"
         )
         return int(state["step"]), [tuple(x) for x in state.get("val_history", [])]

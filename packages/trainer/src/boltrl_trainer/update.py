@@ -1,10 +1,8 @@
-"""The policy update: a batch of transitions with advantages → new weights.
+"""The torch training backend: a batch of transitions with advantages → new weights.
 
-``TrainingBackend`` is the narrow boundary every trainer backend implements (the torch
-one here, verl for multi-GPU): it takes a ``TrainBatch`` — prompt ids, response ids,
-response mask, rollout logprobs, advantages, group ids, policy version — and returns
-metrics and the new policy version. Everything before it (rollouts, credit assignment,
-advantages) is shared by all backends.
+``TorchTrainingBackend`` implements ``boltrl_trainer.seams.TrainingBackend`` on an
+in-process model (CPU or one GPU), the same object its ``TransformersBackend`` serves.
+Everything before it (rollouts, credit assignment, advantages) is shared by all backends.
 """
 
 from __future__ import annotations
@@ -12,82 +10,29 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+from boltrl.errors import InvalidInput
 from boltrl.records import Transition
 from boltrl_trainer.algorithms import AlgorithmConfig, policy_loss
 from boltrl_trainer.batching import index_rollouts, pack_microbatches, token_logprobs
-from boltrl_trainer.config import LoraConfig, OptimConfig
+from boltrl_trainer.config import OptimConfig
+from boltrl_trainer.seams import TrainBatch
 
 if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class TrainBatch:
-    """One step's training data. ``advantages[i]`` belongs to ``transitions[i]``."""
-
-    transitions: list[Transition]
-    advantages: list[float]
-    policy_version: int
-    """Version of the weights that sampled these transitions."""
-    temperature: float
-    """Sampling temperature: recomputed logprobs use it, to compare like with like."""
-    groups: list[str] = field(default_factory=list)
-
-
-class TrainingBackend(Protocol):
-    """Turns batches into policy updates.
-
-    Promises: ``update`` blocks until the new weights are in place (for the torch
-    backend: in the very model object the gateway serves, which must be paused by the
-    caller); it returns metrics as plain floats and the new policy version. ``save`` /
-    ``load`` round-trip everything needed to resume (weights and optimizer state).
-    """
-
-    @property
-    def policy_version(self) -> int: ...
-
-    def update(self, batch: TrainBatch) -> tuple[dict[str, float], int]: ...
-
-    def save(self, path: Path) -> None: ...
-
-    def load(self, path: Path) -> None: ...
-
-
-def apply_lora(model: Any, cfg: LoraConfig) -> Any:
-    """Wrap ``model`` with peft LoRA adapters on the configured modules."""
-    from peft import LoraConfig as PeftLora
-    from peft import get_peft_model
-
-    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
-    missing = [m for m in cfg.target_modules if m not in names]
-    if missing:
-        from boltrl.errors import InvalidInput
-
-        raise InvalidInput(
-            f"lora.target_modules: {missing} not found in the model (it has e.g. "
-            f"{sorted(n for n in names if n.endswith('proj'))[:8]})"
-        )
-    peft_cfg = PeftLora(
-        r=cfg.r,
-        lora_alpha=cfg.alpha,
-        lora_dropout=cfg.dropout,
-        target_modules=list(cfg.target_modules),
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, peft_cfg)
+__all__ = ["TorchTrainingBackend", "load_trainable"]
 
 
 class TorchTrainingBackend:
     """Updates an in-process model with AdamW, micro-batched by token budget.
 
     The model object is shared with the ``TransformersBackend`` that serves it; the
-    caller holds generation paused (``backend.update_weights()``) around ``update``.
+    caller runs ``update`` and ``load`` inside ``seams.weight_swap``. Not thread-safe.
     """
 
     def __init__(
@@ -114,13 +59,11 @@ class TorchTrainingBackend:
         )
         self.device = next(model.parameters()).device
         self._use_ref = algo.kl_coef > 0
+        log.info("torch backend: %d trainable params", sum(p.numel() for p in self.params))
 
     @property
     def policy_version(self) -> int:
         return self._version
-
-    def set_version(self, version: int) -> None:
-        self._version = version
 
     def _tensors(self, items: Sequence[Transition], advantages: Sequence[float]) -> dict[str, Any]:
         """Right-padded ``[B, S]`` inputs and ``[B, A]`` action-aligned tensors."""
@@ -177,14 +120,14 @@ class TorchTrainingBackend:
         logits = head(picked)  # [B, A, V]
         return token_logprobs(logits, x["targets"], temperature)
 
-    def update(self, batch: TrainBatch) -> tuple[dict[str, float], int]:
-        """One optimizer step per epoch over the batch; returns (metrics, new version)."""
+    def update(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step per epoch over the batch; returns its metrics."""
         import torch
 
         t0 = time.perf_counter()
         items = batch.transitions
         if not items:  # every group had equal rewards: nothing to learn from this batch
-            return {"update/skipped": 1.0, "time/update_s": 0.0}, self._version
+            return {"update/skipped": 1.0, "time/update_s": 0.0}
         rows, tokens = index_rollouts(items)
         rollout_tokens = torch.tensor(tokens, dtype=torch.float32, device=self.device)
         micro = pack_microbatches(items, self.optim_cfg.token_budget)
@@ -233,7 +176,7 @@ class TorchTrainingBackend:
         metrics["update/microbatches"] = float(len(micro))
         metrics["update/tokens"] = weight_total / self.optim_cfg.epochs
         metrics["time/update_s"] = time.perf_counter() - t0
-        return metrics, self._version
+        return metrics
 
     # -- checkpoints ----------------------------------------------------------------
 
@@ -251,12 +194,17 @@ class TorchTrainingBackend:
         save_file(trainable, str(path / "trainable.safetensors"))
         torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
 
-    def load(self, path: Path) -> None:
+    def load(self, path: Path, *, policy_version: int) -> None:
+        """Restore ``save``'s weights and optimizer state; report ``policy_version``."""
         import torch
 
         load_trainable(self.model, path)
         opt = torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(opt)
+        self._version = int(policy_version)
+
+    def close(self) -> None:
+        """Nothing to release: the model belongs to its server too."""
 
 
 def load_trainable(model: Any, path: Path) -> None:
@@ -264,7 +212,12 @@ def load_trainable(model: Any, path: Path) -> None:
     import torch
     from safetensors.torch import load_file
 
-    state = load_file(str(path / "trainable.safetensors"))
+    file = path / "trainable.safetensors"
+    if not file.is_file():
+        raise InvalidInput(
+            f"checkpoint: {path} holds no {file.name} (a checkpoint of the torch backend)"
+        )
+    state = load_file(str(file))
     named = dict(model.named_parameters())
     unknown = [k for k in state if k not in named]
     if unknown:

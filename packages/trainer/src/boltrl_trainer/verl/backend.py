@@ -25,7 +25,7 @@ from typing import Any
 from boltrl.errors import InvalidInput
 from boltrl_trainer.algorithms import make_config
 from boltrl_trainer.config import TrainConfig
-from boltrl_trainer.update import TrainBatch
+from boltrl_trainer.seams import TrainBatch
 from boltrl_trainer.verl import require_verl
 from boltrl_trainer.verl.config import raise_if_invalid, row_multiple, verl_overrides
 from boltrl_trainer.verl.convert import metrics_from_verl, to_dataproto, transitions_to_verl
@@ -84,10 +84,11 @@ def _trainer_class() -> type[Any]:
 
 
 class VerlTrainingBackend:
-    """boltrl's ``TrainingBackend`` on verl. Build with ``build_verl(cfg)``.
+    """``boltrl_trainer.seams.TrainingBackend`` on verl. Build with ``build_verl(cfg)``.
 
     Promises (as ``TrainingBackend``): ``update`` blocks until the new weights serve
-    in vLLM; the caller holds the ``ReplicaPool`` paused around it. Not thread-safe.
+    in vLLM; the caller holds the ``ReplicaPool`` paused around it
+    (``seams.weight_swap``). Not thread-safe.
     """
 
     def __init__(self, cfg: TrainConfig, *, version: int = 0) -> None:
@@ -140,22 +141,19 @@ class VerlTrainingBackend:
     def policy_version(self) -> int:
         return self._version
 
-    def set_version(self, version: int) -> None:
-        self._version = version
-
     @property
     def server_urls(self) -> list[str]:
         """OpenAI base URL of each vLLM replica."""
         return [f"http://{a}/v1" for a in self.trainer.llm_server_manager.server_addresses]
 
-    def update(self, batch: TrainBatch) -> tuple[dict[str, float], int]:
+    def update(self, batch: TrainBatch) -> dict[str, float]:
         """One PPO update (``optim.epochs`` passes, one mini-batch each) and a weight sync."""
         from omegaconf import open_dict
         from verl.utils.metric import reduce_metrics
 
         t0 = time.perf_counter()
         if not batch.transitions:
-            return {"update/skipped": 1.0}, self._version
+            return {"update/skipped": 1.0}
         own_advantages = self.vcfg.advantages == "boltrl"
         vb = transitions_to_verl(
             batch.transitions,
@@ -191,7 +189,7 @@ class VerlTrainingBackend:
         metrics["update/pad_rows"] = float(vb.pad_rows)
         metrics["update/tokens"] = float(vb.tensors["response_mask"].sum())
         metrics["time/update_s"] = time.perf_counter() - t0
-        return metrics, self._version
+        return metrics
 
     def _old_logprobs(self, data: Any, metrics: dict[str, float]) -> Any:
         """``old_log_probs``: the sampler's, or recomputed by the actor (then also the
@@ -252,11 +250,12 @@ class VerlTrainingBackend:
             str(path / "actor"), None, self._version, None
         )
 
-    def load(self, path: Path) -> None:
-        """Load ``save``'s checkpoint and sync its weights into vLLM."""
+    def load(self, path: Path, *, policy_version: int) -> None:
+        """Load ``save``'s checkpoint and sync its weights into vLLM as ``policy_version``."""
         actor = path / "actor"
         if not actor.is_dir():
             raise InvalidInput(f"checkpoint {path} has no verl actor state ({actor} missing)")
+        self._version = int(policy_version)
         self.trainer.checkpoint_manager.sleep_replicas()
         self.trainer.actor_rollout_wg.load_checkpoint(str(actor), None, False)
         self.trainer.checkpoint_manager.update_weights(self._version)

@@ -7,8 +7,9 @@ with ``verl.overrides`` applied last. The backend composes verl's own
 error, never a silent no-op.
 
 ``check(cfg)`` lists the settings that would do nothing (or something other than what
-they say) under ``backend: verl``; ``load_config`` and the backend refuse a config with
-any, each error naming its field.
+they say) under ``backend: verl``; the verl entry of the backend registry
+(``boltrl_trainer.verl.entry``) and the backend refuse a config with any, each error
+naming its field.
 """
 
 from __future__ import annotations
@@ -154,11 +155,12 @@ def check(cfg: TrainConfig) -> list[str]:
     return problems
 
 
-def raise_if_invalid(cfg: TrainConfig, source: str = "(inline)") -> None:
-    """``InvalidInput`` listing every problem ``check`` finds."""
+def raise_if_invalid(cfg: TrainConfig) -> None:
+    """``InvalidInput`` listing every problem ``check`` finds, under the config's source."""
     problems = check(cfg)
     if problems:
-        raise InvalidInput("\n".join([f"invalid config {source}:"] + [f"  {p}" for p in problems]))
+        lines = [f"invalid config {cfg.source}:"] + [f"  {p}" for p in problems]
+        raise InvalidInput("\n".join(lines))
 
 
 def verl_settings(cfg: TrainConfig) -> list[Setting]:

@@ -7,10 +7,11 @@ of them). ``ReplicaPool`` forwards the gateway's calls to them through
 that served its first call (its growing prompt stays in that replica's prefix cache);
 new rollouts go to the replica with the fewest calls in flight.
 
-Around a weight update the trainer holds the pool ``paused()``: new calls wait, calls in
-flight finish, then verl puts the engines to sleep, trains, syncs the new weights into
-them and wakes them; ``update_weights()`` does that and bumps ``policy_version``.
-Plain HTTP only: nothing here imports verl.
+It is a ``boltrl_trainer.seams.PolicyServer``. Around a weight update the trainer holds
+the pool ``paused()`` (``seams.weight_swap``): new calls wait, calls in flight finish,
+then verl puts the engines to sleep, trains, syncs the new weights into them and wakes
+them, and the pool serves the new ``policy_version``. Plain HTTP only: nothing here
+imports verl.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import httpx
 
-from boltrl.errors import BackendUnavailable
+from boltrl.errors import BackendUnavailable, InvalidInput
 from boltrl.gateway.backend import Generation, GenerationRequest
 from boltrl.gateway.upstream import UpstreamBackend
 
@@ -138,22 +140,21 @@ class ReplicaPool:
         finally:
             self._open.set()
 
-    @contextlib.contextmanager
-    def update_weights(self) -> Iterator[int]:
-        """``paused()``, then bump ``policy_version`` if the block exits without error.
-
-        Yields the version the new weights will be served as.
-        """
-        with self.paused():
-            yield self._version + 1
-            self.set_policy_version(self._version + 1)
-
     def set_policy_version(self, version: int) -> None:
         """The version calls are recorded with from now on."""
         with self._lock:
             self._version = int(version)
             for r in self.replicas:
                 r.policy_version = self._version
+
+    def load_weights(self, path: Path) -> None:
+        """Refused: vLLM's weights are synced by verl's workers, so a checkpoint reaches
+        these servers through ``VerlTrainingBackend.load`` (or ``boltrl eval`` serves it
+        in-process)."""
+        raise InvalidInput(
+            f"checkpoint: {path} cannot be loaded into the vLLM servers directly; the verl "
+            "training backend loads it (VerlTrainingBackend.load)"
+        )
 
     def stats(self) -> dict[str, int]:
         """Counters since start: ``requests``, ``prompt_tokens``, ``completion_tokens``,
