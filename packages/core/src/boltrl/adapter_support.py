@@ -12,9 +12,9 @@ the rest of the record kept.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-import functools
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, ParamSpec, TypeVar
 
