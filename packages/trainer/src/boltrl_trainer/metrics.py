@@ -1,51 +1,63 @@
-"""Training metrics: JSONL (one object per line), TensorBoard event files, a PNG plot."""
+"""Training metrics: to the configured trackers (JSONL, TensorBoard, W&B, MLflow), and a PNG
+plot of the rewards."""
 
 from __future__ import annotations
 
 import json
 import logging
-import math
-import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from boltrl_trainer.trackers import DEFAULT_REPORT_TO, TrackerName, make_trackers
 
 log = logging.getLogger(__name__)
 
 
 class MetricsWriter:
-    """Appends ``{"step": n, "time": t, **metrics}`` to ``metrics.jsonl`` and mirrors
-    numeric values to TensorBoard under ``tensorboard/``. Not thread-safe (the training
-    loop writes from one thread)."""
+    """Sends ``write(step, metrics)`` to the configured trackers (``boltrl_trainer.trackers``):
+    by default ``metrics.jsonl`` and TensorBoard under ``tensorboard/``.
 
-    def __init__(self, out_dir: str | Path, *, tensorboard: bool = True) -> None:
+    ``report_to`` names the trackers (default ``jsonl`` + ``tensorboard``, or ``jsonl``
+    alone with ``tensorboard=False``); ``config`` and ``lineage`` go to each tracker once,
+    at construction. Raises ``InvalidInput`` when a named tracker's package is missing. Not
+    thread-safe (the training loop writes from one thread).
+    """
+
+    def __init__(
+        self,
+        out_dir: str | Path,
+        *,
+        tensorboard: bool = True,
+        report_to: Sequence[TrackerName] | None = None,
+        run_name: str | None = None,
+        config: dict[str, Any] | None = None,
+        lineage: dict[str, Any] | None = None,
+    ) -> None:
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
-        self._fh = self.path.open("a", encoding="utf-8")
-        self._tb: Any = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(log_dir=str(self.dir / "tensorboard"))
-            except Exception as e:  # tensorboard missing or broken: JSONL still works
-                log.warning("TensorBoard logging disabled: %s", e)
+        if report_to is None:
+            report_to = DEFAULT_REPORT_TO if tensorboard else ("jsonl",)
+        self.trackers = make_trackers(tuple(report_to), self.dir, run_name or self.dir.name)
+        try:
+            for tracker in self.trackers:
+                tracker.start(config or {}, lineage or {})
+        except BaseException:
+            self.close()
+            raise
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
-        row = {"step": step, "time": time.time(), **metrics}
-        self._fh.write(json.dumps(row, default=float) + "\n")
-        self._fh.flush()
-        if self._tb is not None:
-            for k, v in metrics.items():
-                if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-                    self._tb.add_scalar(k, v, step)
-            self._tb.flush()
+        for tracker in self.trackers:
+            tracker.log(step, metrics)
 
     def close(self) -> None:
-        self._fh.close()
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        for tracker in self.trackers:
+            try:
+                tracker.close()
+            except Exception as e:  # one tracker's failure must not lose the others' data
+                log.warning("closing %s failed: %s", type(tracker).__name__, e)
+        self.trackers = []
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
