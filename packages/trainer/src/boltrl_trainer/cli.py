@@ -4,13 +4,17 @@
   the cache, so later runs load it in about a second; handy in CI caches and Docker builds.
 - ``boltrl model serve [NAME]``: serve a local model in-process (TransformersBackend) behind
   the gateway, recording rollout calls when given a store.
+- ``boltrl export-model CHECKPOINT --format peft|merged --out DIR``: a checkpoint as a PEFT
+  adapter or a merged Hugging Face model folder (``boltrl_trainer.export_model``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -62,10 +66,14 @@ def _prepare(args: argparse.Namespace) -> int:
     from boltrl_trainer import models
 
     start = time.perf_counter()
-    if args.tiny:
-        path = str(models.tiny_model())
-    else:
-        path = models.resolve_model(args.name, progress=print)
+    try:
+        if args.tiny:
+            path = str(models.tiny_model())
+        else:
+            path = models.resolve_model(args.name, progress=print)
+    except models.DefaultModelMissing as e:
+        print(f"boltrl model prepare: {e}", file=sys.stderr)
+        return 2
     print(path)
     print(f"ready in {time.perf_counter() - start:.1f} s")
     return 0
@@ -118,9 +126,56 @@ def _model_run(args: argparse.Namespace) -> int:
     return result
 
 
+def _export_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "checkpoint",
+        help="a checkpoint folder (runs/x/checkpoints/step-000020), or a run's out_dir or "
+        "checkpoints folder for its latest checkpoint",
+    )
+    p.add_argument(
+        "--format",
+        required=True,
+        choices=["peft", "merged"],
+        help="peft: a PEFT adapter folder (PeftModel.from_pretrained, vLLM --lora-modules); "
+        "merged: a whole model folder with tokenizer and chat template "
+        "(AutoModelForCausalLM.from_pretrained, vLLM, TGI)",
+    )
+    p.add_argument("--out", required=True, help="folder to write (must not exist or be empty)")
+
+
+def _export_run(args: argparse.Namespace) -> int:
+    from boltrl.errors import BoltrlError
+    from boltrl_trainer.export_model import export_model
+
+    start = time.perf_counter()
+    try:
+        out = export_model(args.checkpoint, args.out, format=args.format)
+    except BoltrlError as e:
+        print(f"boltrl export-model: {e}", file=sys.stderr)
+        return 2
+    provenance = (out / "boltrl_export.json").read_text()
+    print(f"{args.format} export of {args.checkpoint} written to {out}")
+    if args.format == "peft":
+        print(
+            f"load: PeftModel.from_pretrained(base, {str(out)!r}); serve: vllm serve BASE "
+            f"--enable-lora --lora-modules policy={out} (base weights used in training: "
+            f"{json.loads(provenance)['base_model_path']})"
+        )
+    else:
+        print(f"load: AutoModelForCausalLM.from_pretrained({str(out)!r}); serve: vllm serve {out}")
+    print(f"done in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
 def register(commands: Any) -> None:
     """Add the trainer's commands to the ``boltrl`` CLI table."""
     commands.add("model", "prepare and serve local models", _model_arguments, _model_run)
+    commands.add(
+        "export-model",
+        "export a training checkpoint as a PEFT adapter or a merged Hugging Face model",
+        _export_arguments,
+        _export_run,
+    )
     from boltrl_trainer import cli_train
 
     cli_train.register(commands)
