@@ -159,6 +159,11 @@ class LLMCall(_RolloutRecord):
     error: str | None = None
     cached: bool = False
     """True when the framework answered from its own cache (never reached the model)."""
+    demonstration: str | None = None
+    """Where the reply came from when it is a demonstration (a teacher played the model's
+    part, its reply rendered in the student's tokens), e.g. ``function:teacher.py:teach``;
+    None when the served policy sampled it. A demonstration claims no behaviour logprobs:
+    it is for supervised loss only (``boltrl sft``), never an on-policy RL sample."""
 
     @property
     def has_tokens(self) -> bool:
@@ -320,6 +325,10 @@ class Transition(_Record):
     policy_version: int | None
     call_ids: list[str]
     """Gateway call ids merged into this transition."""
+    demonstration: str | None = None
+    """The calls' ``LLMCall.demonstration`` when they are demonstrations (then
+    ``action_logprobs`` are 0.0 placeholders, not behaviour logprobs): supervised loss
+    only; the RL update refuses such transitions. None for policy samples."""
 
 
 class LLM(_Record):

@@ -51,6 +51,9 @@ class Generation(BaseModel):
     template_hash: str | None = None
     model: str | None = None
     usage: dict[str, int] = Field(default_factory=dict)
+    demonstration: str | None = None
+    """Set by a backend that plays the model's part with a teacher's reply (where it came
+    from); recorded as ``LLMCall.demonstration``. None for a policy's own sample."""
 
 
 @runtime_checkable

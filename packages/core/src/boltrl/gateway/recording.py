@@ -166,6 +166,7 @@ def ok_call(
         template_hash=gen.template_hash,
         model=model,
         usage=usage_of(gen),
+        demonstration=gen.demonstration,
         started_at=started_at,
         ended_at=ended_at,
     )
