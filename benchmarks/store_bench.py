@@ -7,6 +7,7 @@ processes; ``http-shared`` has the threads share one client, like the slots of o
 ``Runner`` (concurrent ``record`` calls then travel in shared batches).
 
     uv run python benchmarks/store_bench.py --clients 1,8
+    uv run python benchmarks/store_bench.py --client-cpu   # HttpStore's transport vs httpx
 
 Records are ``LLMCall``s shaped like real ones (``--tokens`` prompt ids, a quarter of
 that in response ids and logprobs), written ``--batch`` per ``record()`` call.
@@ -173,6 +174,78 @@ def bench_cycles(target: Target, clients: int, n_rollouts: int) -> float:
         target.close(handles)
 
 
+def client_cpu(n: int = 2000) -> None:
+    """Client CPU per request, one thread: httpx.Client vs ``boltrl._http.SyncPool`` (what
+    ``HttpStore`` sends through) against one ``boltrl store serve --db memory://``."""
+    import resource
+
+    import httpx
+    from pydantic import TypeAdapter
+
+    from boltrl import _http
+
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    proc, url = _served_memory()
+    try:
+        with HttpStore(url) as s:
+            [rid] = s.enqueue([Task(input={})])
+            att = s.claim("w")
+            assert att is not None
+        call = LLMCall(
+            id="x",
+            rollout_id=rid,
+            attempt=1,
+            prompt_token_ids=list(range(256)),
+            response_token_ids=list(range(64)),
+            response_logprobs=[-0.5] * 64,
+        )
+        bare = att.model_copy(update={"task": None}).model_dump_json().encode()
+        records = TypeAdapter(list[LLMCall]).dump_json([call])
+        body = b'{"items":[{"attempt":' + bare + b',"records":' + records + b"}]}"
+        json_type = {"content-type": "application/json"}
+        hx = httpx.Client(base_url=url + "/store")
+        pool = _http.SyncPool(url + "/store", {}, timeout_s=30, connect_timeout_s=10, max_idle=4)
+
+        def via_httpx(method: str, path: str, b: bytes | None) -> int:
+            return hx.request(method, path, content=b, headers=json_type).status_code
+
+        def via_pool(method: str, path: str, b: bytes | None) -> int:
+            return pool.request(method, path, b, headers=json_type).status_code
+
+        print(f"{'client':<9} {'request':<20} {'CPU us':>7} {'wall us':>8}")
+        for rnd in range(2):  # the first round warms both up
+            for name, fn in (("httpx", via_httpx), ("SyncPool", via_pool)):
+                for method, path, b in (("GET", "/count", None), ("POST", "/records", body)):
+                    assert fn(method, path, b) == 200
+                    c0, t0 = cpu(), time.perf_counter()
+                    for _ in range(n):
+                        fn(method, path, b)
+                    c1, t1 = cpu(), time.perf_counter()
+                    if rnd:
+                        us_cpu, us_wall = 1e6 * (c1 - c0) / n, 1e6 * (t1 - t0) / n
+                        print(f"{name:<9} {method + ' ' + path:<20} {us_cpu:>7.0f} {us_wall:>8.0f}")
+        hx.close()
+        pool.close()
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def _served_memory() -> tuple[subprocess.Popen[str], str]:
+    cli = "import sys; from boltrl.cli import main; sys.exit(main())"
+    argv = [sys.executable, "-c", cli, "store", "serve", "--db", "memory://", "--port", "0"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if " on http://" not in line:
+        proc.kill()
+        raise RuntimeError(f"server did not start: {line!r}")
+    return proc, line.split(" on ")[1].split()[0]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -189,7 +262,11 @@ def main() -> None:
     p.add_argument(
         "--http-scale", type=float, default=0.2, help="fraction of the sizes used over HTTP"
     )
+    p.add_argument("--client-cpu", action="store_true", help="only compare client CPU per request")
     args = p.parse_args()
+    if args.client_cpu:
+        client_cpu()
+        return
     kinds = [k for k in args.stores.split(",") if k]
     counts = [int(c) for c in args.clients.split(",") if c]
     print(
