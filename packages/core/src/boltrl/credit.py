@@ -3,7 +3,10 @@
 One transition per recorded model call of one attempt (status ``ok``, not ``cached``), in
 ``seq`` (write) order: state = the prompt token ids the model saw, action = the token ids
 it sampled with their logprobs, ``done`` on the last one. Nothing is re-tokenized: a call
-without token ids (or logprobs) is refused with :class:`MissingTokenIds`.
+without token ids (or logprobs) is refused with :class:`MissingTokenIds`. A demonstration
+(``LLMCall.demonstration``: a teacher's reply in the student's tokens) needs token ids but
+claims no logprobs: its transition carries ``demonstration`` and 0.0 placeholder logprobs,
+for supervised loss only (the RL update refuses it).
 
 Which reward each transition carries (``CreditConfig.mode``):
 
@@ -155,7 +158,15 @@ def _attempt_number(rollout: Rollout, cfg: CreditConfig) -> int | None:
 
 
 def _check_tokens(rollout: Rollout, call: LLMCall) -> None:
-    for field in ("prompt_token_ids", "response_token_ids", "response_logprobs"):
+    needed = ("prompt_token_ids", "response_token_ids")
+    if call.demonstration is not None:  # claims no behaviour logprobs
+        for field in needed:
+            if getattr(call, field) is None:
+                raise MissingTokenIds(
+                    f"rollout {rollout.id}, call {call.id}: demonstration without {field}"
+                )
+        return
+    for field in (*needed, "response_logprobs"):
         if getattr(call, field) is None:
             raise MissingTokenIds(
                 f"rollout {rollout.id}, call {call.id}: {field} is missing; boltrl does "
@@ -175,6 +186,8 @@ def _extends(prev: LLMCall, call: LLMCall) -> bool:
     """True when ``call``'s prompt starts with ``prev``'s prompt + response ids (never
     for calls without ids: ``rollout_return`` groups steps without requiring them)."""
     if call.agent != prev.agent or call.policy_version != prev.policy_version:
+        return False
+    if call.demonstration != prev.demonstration:
         return False
     p, r, q = prev.prompt_token_ids, prev.response_token_ids, call.prompt_token_ids
     if p is None or r is None or q is None:
@@ -204,7 +217,9 @@ def _action(chain: list[LLMCall]) -> tuple[list[int], list[float], list[int]]:
     seen = 0  # length of the token sequence (prompt + actions) the chain has covered
     for i, call in enumerate(chain):
         p, r, lp = call.prompt_token_ids, call.response_token_ids, call.response_logprobs
-        assert p is not None and r is not None and lp is not None
+        assert p is not None and r is not None
+        if lp is None:  # a demonstration: placeholders, never behaviour logprobs
+            lp = [0.0] * len(r)
         if i:
             obs = p[seen:]
             ids += obs
@@ -337,6 +352,7 @@ def transitions(
                 done=t == last,
                 policy_version=first.policy_version,
                 call_ids=[c.id for c in chain],
+                demonstration=first.demonstration,
             )
         )
     return out

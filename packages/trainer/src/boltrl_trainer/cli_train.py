@@ -197,3 +197,8 @@ def register(commands: Any) -> None:
     commands.add(
         "demo", "train SmolLM2-135M on CPU end to end and show the gain", _demo_args, _demo_run
     )
+    from boltrl_trainer.cli_sft import sft_args, sft_run
+
+    commands.add(
+        "sft", "warm-start a model on demonstrations through the real agent", sft_args, sft_run
+    )

@@ -19,7 +19,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from boltrl.errors import InvalidInput
+from boltrl_trainer.trackers import DEFAULT_REPORT_TO, ReportTo
 from boltrl_trainer.verl.settings import VerlConfig
+from boltrl_trainer.warm_start_config import WarmStartConfig
 
 
 class _Cfg(BaseModel):
@@ -128,6 +130,16 @@ class TrainConfig(_Cfg):
     seed: int = 0
     progress: bool = True
     """Show a live progress bar."""
+    report_to: ReportTo = Field(default_factory=lambda: list(DEFAULT_REPORT_TO))
+    """Experiment trackers, as TRL and verl name them: any of ``jsonl``, ``tensorboard``,
+    ``wandb``, ``mlflow`` (or ``none``); see ``boltrl_trainer.trackers``."""
+    warm_start: WarmStartConfig | None = None
+    """Supervised warm start from demonstrations, run before RL (and all that ``boltrl sft``
+    runs); see ``boltrl_trainer.warm_start_config``. Torch backend only."""
+    init_from: str | None = None
+    """A checkpoint boltrl wrote (RL or warm start: its folder, or a run folder / its
+    ``checkpoints`` folder, whose ``latest`` is taken) whose weights start the run
+    (``boltrl train`` and ``boltrl sft``). Torch backend only."""
 
     _source: str = PrivateAttr(default="(inline)")
 
@@ -222,4 +234,7 @@ def _resolve_paths(cfg: TrainConfig, base: Path) -> TrainConfig:
             "test": _resolve(cfg.tasks.test, base),
         }
     )
-    return cfg.model_copy(update={"agent": _resolve(cfg.agent, base), "tasks": tasks})
+    update: dict[str, Any] = {"agent": _resolve(cfg.agent, base), "tasks": tasks}
+    if cfg.warm_start is not None:
+        update["warm_start"] = cfg.warm_start.resolved(lambda v: _resolve(v, base))
+    return cfg.model_copy(update=update)
