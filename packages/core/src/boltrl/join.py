@@ -1,4 +1,4 @@
-"""Join adapter annotations onto the gateway's calls.
+"""Join adapter annotations onto the gateway's calls, and assemble a rollout from its records.
 
 The gateway knows the tokens; adapters know the structure (agent, parent). They meet
 on an explicit key: the response id the gateway issued, which most frameworks pass
@@ -9,10 +9,10 @@ the annotation's. Never by timestamp. What cannot be joined is counted, not drop
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from boltrl.records import CallAnnotation, LLMCall, ToolStep
+from boltrl.records import AnyRecord, CallAnnotation, LLMCall, RewardEvent, Rollout, ToolStep
 
 
 def _text(content: Any) -> str:
@@ -147,3 +147,32 @@ def _join(
             )
         )
     return out, unjoined, span_to_call
+
+
+def assemble(head: Rollout, records: Iterable[AnyRecord]) -> Rollout:
+    """The rollout with its records split by kind (seq order kept) and calls joined."""
+    calls: list[LLMCall] = []
+    tools: list[ToolStep] = []
+    rewards: list[RewardEvent] = []
+    anns: list[CallAnnotation] = []
+    for r in records:
+        if isinstance(r, LLMCall):
+            calls.append(r)
+        elif isinstance(r, ToolStep):
+            tools.append(r)
+        elif isinstance(r, RewardEvent):
+            rewards.append(r)
+        else:
+            anns.append(r)
+    joined, tools, unjoined = join_records(
+        calls, sorted(anns, key=lambda a: (a.attempt, a.index, a.seq)), tools
+    )
+    return head.model_copy(
+        update={
+            "calls": joined,
+            "tool_steps": tools,
+            "rewards": rewards,
+            "annotations": anns,
+            "unjoined_calls": unjoined,
+        }
+    )

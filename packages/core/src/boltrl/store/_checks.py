@@ -1,5 +1,5 @@
-"""Argument checks and rollout assembly shared by every store (and the HTTP server), so
-a bad value gets the same error, worded the same way, from memory, SQLite and HTTP."""
+"""Argument checks shared by every store (and the HTTP server), so a bad value gets the
+same error, worded the same way, from memory, SQLite and HTTP."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from boltrl.errors import InvalidInput
-from boltrl.join import join_records
 from boltrl.records import (
     RECORD_ADAPTER,
     AnyRecord,
@@ -123,32 +122,3 @@ def check_tasks(tasks: Sequence[Any]) -> list[Task]:
             raise InvalidInput(f"tasks[{i}]: expected a Task, got {type(t).__name__}")
         out.append(t)
     return out
-
-
-def assemble(head: Rollout, records: Iterable[AnyRecord]) -> Rollout:
-    """The rollout with its records split by kind (seq order kept) and calls joined."""
-    calls: list[LLMCall] = []
-    tools: list[ToolStep] = []
-    rewards: list[RewardEvent] = []
-    anns: list[CallAnnotation] = []
-    for r in records:
-        if isinstance(r, LLMCall):
-            calls.append(r)
-        elif isinstance(r, ToolStep):
-            tools.append(r)
-        elif isinstance(r, RewardEvent):
-            rewards.append(r)
-        else:
-            anns.append(r)
-    joined, tools, unjoined = join_records(
-        calls, sorted(anns, key=lambda a: (a.attempt, a.index, a.seq)), tools
-    )
-    return head.model_copy(
-        update={
-            "calls": joined,
-            "tool_steps": tools,
-            "rewards": rewards,
-            "annotations": anns,
-            "unjoined_calls": unjoined,
-        }
-    )

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from pydantic import BaseModel, ConfigDict
 
 from boltrl.errors import Conflict, InvalidInput, NotFound, StaleAttempt, StoreUnavailable
+from boltrl.join import assemble
 from boltrl.records import (
     AnyRecord,
     Attempt,
@@ -35,7 +36,6 @@ from boltrl.records import (
     new_id,
 )
 from boltrl.store._checks import (
-    assemble,
     check_int,
     check_number,
     check_optional_status,

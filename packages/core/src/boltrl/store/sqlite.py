@@ -33,7 +33,19 @@ except ImportError:  # pragma: no cover - Windows: no advisory lock, documented 
 _SCHEMA_VERSION = 1
 _SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 
-_SCHEMA = """
+# The indexed expressions, for the dashboard's read-only SQL (boltrl.dashboard.sqlsource
+# imports them): SQLite uses an index on an expression only for a query that writes the
+# expression the same way, so both sides are built from these strings.
+RUN_EXPR = "json_extract(head, '$.task.metadata.run')"
+"""A rollout's run tag (``rollouts`` table)."""
+TASK_EXPR = "json_extract(head, '$.task.id')"
+"""A rollout's task id (``rollouts`` table)."""
+AGENT_EXPR = "json_extract(body, '$.agent')"
+"""A record's agent name (``records`` table)."""
+AGENT_KINDS = "kind IN ('call_annotation', 'tool_step')"
+"""The ``records_by_agent`` index's WHERE clause: a query must state it to use the index."""
+
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS rollouts (
     ord    INTEGER PRIMARY KEY,           -- enqueue order
@@ -53,11 +65,10 @@ CREATE TABLE IF NOT EXISTS records (
 );
 -- For the dashboard's read-only SQL (boltrl.dashboard.sqlsource): filter rollouts by run
 -- and task, and find the rollouts an agent took part in, without scanning every row.
-CREATE INDEX IF NOT EXISTS rollouts_by_run
-    ON rollouts (json_extract(head, '$.task.metadata.run'), ord);
-CREATE INDEX IF NOT EXISTS rollouts_by_task ON rollouts (json_extract(head, '$.task.id'), ord);
-CREATE INDEX IF NOT EXISTS records_by_agent ON records (json_extract(body, '$.agent'), rollout_id)
-    WHERE kind IN ('call_annotation', 'tool_step');
+CREATE INDEX IF NOT EXISTS rollouts_by_run ON rollouts ({RUN_EXPR}, ord);
+CREATE INDEX IF NOT EXISTS rollouts_by_task ON rollouts ({TASK_EXPR}, ord);
+CREATE INDEX IF NOT EXISTS records_by_agent ON records ({AGENT_EXPR}, rollout_id)
+    WHERE {AGENT_KINDS};
 """
 
 
