@@ -13,6 +13,7 @@ from boltrl.dashboard.model import HeadInfo
 from boltrl.dashboard.tree import Node, build_tree
 from boltrl.errors import InvalidInput
 from boltrl.records import LLMCall, RewardEvent, Rollout, ToolStep
+from boltrl.scoring import rollout_score
 
 _STD_EPS = 1e-6
 """As the trainer's GRPO (``GRPOConfig.std_eps``)."""
@@ -118,11 +119,12 @@ def _node(n: Node, trans: dict[str, Any], adv: dict[str, Any] | None, depth: int
 def rollout_detail(
     rollout: Rollout, head: HeadInfo, group: list[float], credit: CreditConfig
 ) -> dict[str, Any]:
-    """The detail page's JSON for ``rollout`` (``group``: final rewards of its advantage
-    group, for the GRPO estimate)."""
+    """The detail page's JSON for ``rollout`` (``group``: scores of its advantage group,
+    for the GRPO estimate; ``reward`` is its score under ``credit``)."""
     trans, trans_error = _transitions(rollout, credit)
+    score = rollout_score(rollout, credit)
     finite = [g for g in group if math.isfinite(g)]
-    adv = _advantage(finite) if rollout.reward is not None else None
+    adv = _advantage(finite) if score is not None else None
     task = rollout.task
     outcomes = {a.number: a.outcome.value for a in rollout.attempts}
     tree = [_node(root, trans, adv, 0) for root in build_tree(rollout)]
@@ -141,7 +143,7 @@ def rollout_detail(
         "run": head.run,
         "phase": head.phase,
         "step": head.step,
-        "reward": rollout.reward,
+        "reward": score,
         "error": rollout.error,
         "created_at": rollout.created_at,
         "finished_at": rollout.finished_at,

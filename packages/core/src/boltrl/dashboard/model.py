@@ -33,6 +33,9 @@ class HeadInfo(NamedTuple):
     split: str | None
     group: str | None
     reward: float | None
+    """The rollout's score (``boltrl.scoring.rollout_score`` under the default credit: its
+    returned reward, else what its ``emit_reward`` events add up to); None unless it
+    succeeded."""
     created_at: float
     started_at: float | None
     """Start of the first attempt."""
@@ -170,8 +173,8 @@ class Source(Protocol):
         ...
 
     def group_rewards(self, head: HeadInfo) -> list[float]:
-        """Final rewards of the finished rollouts in ``head``'s advantage group (same
-        group or task, same run, phase and step), ``head`` included."""
+        """Scores of the finished rollouts in ``head``'s advantage group (same group or
+        task, same run, phase and step), ``head`` included."""
         ...
 
     def recent_attempts(self, rollouts: int) -> list[AttemptInfo]:

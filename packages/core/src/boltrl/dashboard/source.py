@@ -17,7 +17,8 @@ from typing import Any
 
 from boltrl.dashboard.model import AttemptInfo, Filters, HeadInfo, RecordFacts, Source
 from boltrl.errors import InvalidInput
-from boltrl.records import Rollout
+from boltrl.records import Rollout, RolloutStatus
+from boltrl.scoring import rollout_score
 from boltrl.store.base import Store
 
 _PAGE = 1000
@@ -27,7 +28,9 @@ their facts were read for a page)."""
 
 
 def head_info(order: int, r: Rollout) -> HeadInfo:
-    """The ``HeadInfo`` of a rollout (``order``: its enqueue order)."""
+    """The ``HeadInfo`` of a rollout (``order``: its enqueue order). Its ``reward`` is the
+    score (``boltrl.scoring``), so a rollout that returned none needs its reward records
+    (``needs_records``)."""
     meta = r.task.metadata
     step = meta.get("step")
     last = r.attempts[-1] if r.attempts else None
@@ -42,7 +45,7 @@ def head_info(order: int, r: Rollout) -> HeadInfo:
         step=step if isinstance(step, int) and not isinstance(step, bool) else None,
         split=r.task.split,
         group=r.task.group,
-        reward=r.reward,
+        reward=rollout_score(r) if r.status == RolloutStatus.SUCCEEDED else r.reward,
         created_at=r.created_at,
         started_at=r.attempts[0].started_at if r.attempts else None,
         finished_at=r.finished_at,
@@ -50,6 +53,12 @@ def head_info(order: int, r: Rollout) -> HeadInfo:
         worker=None if last is None else last.worker_id,
         error_kind=None if last is None else last.error_kind,
     )
+
+
+def needs_records(r: Rollout) -> bool:
+    """True when a head alone cannot give the rollout's score: it succeeded without
+    returning a reward, so its ``emit_reward`` events decide it."""
+    return r.status == RolloutStatus.SUCCEEDED and r.reward is None
 
 
 def record_facts(r: Rollout) -> RecordFacts:
@@ -92,7 +101,8 @@ class StoreSource:
                     break
             heads = self._heads[:start]
             for i, r in enumerate(fresh):
-                heads.append(head_info(start + i + 1, r))
+                full = self.store.get(r.id) if needs_records(r) else r  # once: it is final
+                heads.append(head_info(start + i + 1, full))
                 self._index[r.id] = start + i
             self._heads = heads
             first = start

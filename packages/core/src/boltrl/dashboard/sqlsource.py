@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,12 +28,15 @@ from boltrl.dashboard.model import (
     RecordFacts,
 )
 from boltrl.errors import InvalidInput, NotFound
-from boltrl.join import assemble
-from boltrl.records import RECORDS_ADAPTER, Rollout
-from boltrl.store.sqlite import AGENT_EXPR as _AGENT
-from boltrl.store.sqlite import AGENT_KINDS as _AGENT_KINDS
-from boltrl.store.sqlite import RUN_EXPR as _RUN
-from boltrl.store.sqlite import TASK_EXPR as _TASK
+from boltrl.records import RECORDS_ADAPTER, RewardEvent, Rollout
+from boltrl.scoring import rollout_score
+from boltrl.store._checks import assemble
+
+_RUN = "json_extract(head, '$.task.metadata.run')"
+_TASK = "json_extract(head, '$.task.id')"
+_AGENT = "json_extract(body, '$.agent')"
+_AGENT_KINDS = "kind IN ('call_annotation', 'tool_step')"
+"""Must match the ``records_by_agent`` index's WHERE clause word for word."""
 
 _PATHS = (
     "$.task.id", "$.task.metadata.run", "$.task.metadata.phase", "$.task.metadata.step",
@@ -50,7 +54,8 @@ _HEAD_COLUMNS = (
 
 # The finished rollouts summed per (run, phase, step, status, error kind, minute), on
 # the array of _HEAD_COLUMNS: 1 run, 2 phase (else 4 split), 3 step, 6 reward, 7 created,
-# 8 started, 9 finished, 11 error kind.
+# 8 started, 9 finished, 11 error kind. A rollout that succeeded without returning a
+# reward is left to ``_UNRETURNED``: its reward records give its score.
 # MATERIALIZED: parse each head once (a flattened subquery would re-extract per use).
 _SUMMARY = f"""
 WITH f AS MATERIALIZED (
@@ -59,8 +64,9 @@ WITH f AS MATERIALIZED (
 SELECT a->>1, COALESCE(a->>2, a->>4), a->>3, status, a->>11, CAST((a->>9) / 60 AS INTEGER),
        COUNT(*), COUNT(a->>6), TOTAL(a->>6), TOTAL((a->>6) * (a->>6)), MIN(a->>6), MAX(a->>6),
        MIN(COALESCE(a->>8, a->>7)), MAX(a->>9)
-FROM f GROUP BY 1, 2, 3, 4, 5, 6
+FROM f WHERE NOT (status = 'succeeded' AND a->>6 IS NULL) GROUP BY 1, 2, 3, 4, 5, 6
 """
+_UNRETURNED = "status = 'succeeded' AND json_extract(head, '$.reward') IS NULL"
 
 
 def _str(v: Any) -> str | None:
@@ -156,7 +162,7 @@ class SqliteSource:
             f"SELECT {_HEAD_COLUMNS} FROM rollouts WHERE ord > ? ORDER BY ord LIMIT ?",
             (cursor, limit),
         )
-        return _heads(rows)
+        return self._scored(_heads(rows))
 
     def heads_of(self, ids: Sequence[str]) -> list[HeadInfo]:
         out: list[HeadInfo] = []
@@ -165,7 +171,7 @@ class SqliteSource:
             marks = ",".join("?" * len(chunk))
             rows = self._q(f"SELECT {_HEAD_COLUMNS} FROM rollouts WHERE id IN ({marks})", chunk)
             out += _heads(rows)
-        return out
+        return self._scored(out)
 
     def page(self, filters: Filters, limit: int, offset: int) -> tuple[list[HeadInfo], int]:
         where, args = _where(filters)
@@ -174,7 +180,7 @@ class SqliteSource:
             [*args, limit, offset],
         )
         total = self._q(f"SELECT COUNT(*) FROM rollouts{where}", args)[0][0]
-        return _heads(rows), int(total)
+        return self._scored(_heads(rows)), int(total)
 
     def facts(self, ids: Sequence[str]) -> dict[str, RecordFacts]:
         out = {rid: RecordFacts() for rid in ids}
@@ -246,7 +252,7 @@ class SqliteSource:
         rows = self._q(f"SELECT {_HEAD_COLUMNS} FROM rollouts WHERE {where}", args)
         return [
             h.reward
-            for h in _heads(rows)
+            for h in self._scored(_heads(rows))
             if h.reward is not None
             and h.terminal
             and (h.run, h.phase, h.step) == (head.run, head.phase, head.step)
@@ -289,6 +295,9 @@ class SqliteSource:
                 active = db.execute(
                     f"SELECT {_HEAD_COLUMNS} FROM rollouts WHERE status IN ({marks})", ACTIVE
                 ).fetchall()
+                unreturned = db.execute(
+                    f"SELECT {_HEAD_COLUMNS} FROM rollouts WHERE {_UNRETURNED}"
+                ).fetchall()
                 cursor = db.execute("SELECT COALESCE(MAX(ord), 0) FROM rollouts").fetchone()[0]
             finally:
                 db.execute("COMMIT")
@@ -296,7 +305,32 @@ class SqliteSource:
         for run, phase, step, *rest in groups:
             step = step if isinstance(step, int) else None
             out.append(Group(_str(run), _str(phase), step, *rest))
+        out += [Group.of(h) for h in self._scored(_heads(unreturned))]
         return out, _heads(active), int(cursor)
+
+    def _scored(self, heads: list[HeadInfo]) -> list[HeadInfo]:
+        """``heads`` with their scores: a rollout that succeeded without returning a
+        reward is scored from its reward records (``boltrl.scoring``; a head holds none)."""
+        ids = [h.id for h in heads if h.status == "succeeded" and h.reward is None]
+        if not ids:
+            return heads
+        scores: dict[str, float | None] = {}
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            events: defaultdict[str, list[RewardEvent]] = defaultdict(list)
+            for rid, seq, body in self._q(
+                f"SELECT rollout_id, seq, body FROM records WHERE rollout_id IN ({marks}) "
+                "AND kind = 'reward' ORDER BY seq",
+                chunk,
+            ):
+                ev = RewardEvent.model_validate_json(body)
+                events[rid].append(ev.model_copy(update={"seq": seq}))
+            # the default (final) credit needs nothing but the head and the rewards
+            for rid, head in self._q(f"SELECT id, head FROM rollouts WHERE id IN ({marks})", chunk):
+                r = Rollout.model_validate_json(head)
+                scores[rid] = rollout_score(r.model_copy(update={"rewards": events[rid]}))
+        return [h._replace(reward=scores.get(h.id)) if h.id in scores else h for h in heads]
 
     def live_workers(self) -> list[dict[str, Any]] | None:
         if self._workers is None:
