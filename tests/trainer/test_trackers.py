@@ -202,3 +202,14 @@ def test_report_to_spellings_and_errors(tmp_path: Path, monkeypatch: pytest.Monk
         InvalidInput, match=r"report_to: .*wandb is not installed: pip install wandb"
     ):
         load_config(data={**base, "report_to": ["jsonl", "wandb"]})
+
+
+def test_a_tracker_that_cannot_start_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from boltrl_trainer.metrics import MetricsWriter
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuchscheme://somewhere")
+    with pytest.raises(InvalidInput, match=r"report_to: mlflow could not open .*nosuchscheme"):
+        MetricsWriter(tmp_path / "out", report_to=["jsonl", "mlflow"])
+    assert (tmp_path / "out" / "metrics.jsonl").read_text() == ""

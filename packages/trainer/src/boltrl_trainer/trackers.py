@@ -180,6 +180,14 @@ class WandbTracker:
             self._run = None
 
 
+def _store_error(uri: str, e: Exception) -> InvalidInput:
+    return InvalidInput(
+        f"report_to: mlflow could not open its tracking store {uri!r} "
+        f"({type(e).__name__}: {str(e).strip()[:300]}); set MLFLOW_TRACKING_URI to your MLflow "
+        "server (http://HOST:PORT) or a store this MLflow install supports"
+    )
+
+
 class MlflowTracker:
     """An MLflow run: the train config as params (flattened, dotted keys) and as the
     artifact ``config.json``, the lineage as ``boltrl.*`` tags, metrics per step."""
@@ -192,7 +200,11 @@ class MlflowTracker:
                 "report_to: mlflow needs MLflow: pip install mlflow-skinny "
                 "(or pip install 'boltrl-trainer[mlflow]')"
             ) from None
-        self._client = MlflowClient()  # MLFLOW_TRACKING_URI, or MLflow's default store
+        try:
+            self._client = MlflowClient()  # MLFLOW_TRACKING_URI, or MLflow's default store
+        except Exception as e:
+            uri = os.environ.get("MLFLOW_TRACKING_URI", "(MLflow's default)")
+            raise _store_error(uri, e) from e
         self._run_name = run_name
         self.run_id: str | None = None
 
@@ -200,8 +212,11 @@ class MlflowTracker:
         from mlflow.entities import Param
 
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "boltrl")
-        exp = self._client.get_experiment_by_name(name)
-        exp_id = exp.experiment_id if exp is not None else self._client.create_experiment(name)
+        try:
+            exp = self._client.get_experiment_by_name(name)
+            exp_id = exp.experiment_id if exp is not None else self._client.create_experiment(name)
+        except Exception as e:  # e.g. mlflow-skinny cannot open MLflow's default SQLite store
+            raise _store_error(self._client.tracking_uri, e) from e
         tags = {
             f"boltrl.{k}": v if isinstance(v, str) else json.dumps(v) for k, v in lineage.items()
         }
@@ -236,23 +251,30 @@ def make_trackers(
     package to install) when W&B or MLflow is asked for and missing. TensorBoard falls back
     to a warning when torch's writer cannot load, as the default should not stop a run."""
     trackers: list[Tracker] = []
-    for name in dict.fromkeys(report_to):  # each once, in order
-        if name == "jsonl":
-            trackers.append(JsonlTracker(out_dir))
-        elif name == "tensorboard":
-            try:
-                trackers.append(TensorBoardTracker(out_dir))
-            except Exception as e:  # tensorboard missing or broken: the others still work
-                log.warning("TensorBoard logging disabled: %s", e)
-        elif name == "wandb":
-            trackers.append(WandbTracker(out_dir, run_name))
-        elif name == "mlflow":
-            trackers.append(MlflowTracker(run_name))
-        else:
-            raise InvalidInput(
-                f"report_to: unknown tracker {name!r} (jsonl, tensorboard, wandb, mlflow)"
-            )
+    try:
+        for name in dict.fromkeys(report_to):  # each once, in order
+            trackers.extend(_make(name, out_dir, run_name))
+    except BaseException:
+        for tracker in trackers:  # nothing left open by a half-made set
+            tracker.close()
+        raise
     return trackers
+
+
+def _make(name: str, out_dir: Path, run_name: str) -> list[Tracker]:
+    if name == "jsonl":
+        return [JsonlTracker(out_dir)]
+    if name == "tensorboard":
+        try:
+            return [TensorBoardTracker(out_dir)]
+        except Exception as e:  # tensorboard missing or broken: the others still work
+            log.warning("TensorBoard logging disabled: %s", e)
+            return []
+    if name == "wandb":
+        return [WandbTracker(out_dir, run_name)]
+    if name == "mlflow":
+        return [MlflowTracker(run_name)]
+    raise InvalidInput(f"report_to: unknown tracker {name!r} (jsonl, tensorboard, wandb, mlflow)")
 
 
 def run_lineage(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
