@@ -37,7 +37,7 @@ def gateway(store: Store) -> Iterator[Gateway]:
 
 def test_plain_call_is_recorded_whole(gateway: Gateway, store: Store) -> None:
     (attempt,) = running(store)
-    llm = client(gateway.rollout_url(attempt.rollout_id))
+    llm = client(gateway.rollout_url(attempt))
     messages = [
         {"role": "developer", "content": "Be brief."},
         {
@@ -86,7 +86,7 @@ def test_plain_call_is_recorded_whole(gateway: Gateway, store: Store) -> None:
 
 def test_tool_conversation(gateway: Gateway, store: Store) -> None:
     (attempt,) = running(store)
-    llm = client(gateway.rollout_url(attempt.rollout_id))
+    llm = client(gateway.rollout_url(attempt))
     messages: list = [{"role": "user", "content": "Weather in Paris?"}]
     first = llm.chat.completions.create(model="policy", messages=messages)  # script #1
     assert first.choices[0].message.content == "Hello there, traveller."
@@ -148,7 +148,7 @@ def test_tool_conversation(gateway: Gateway, store: Store) -> None:
 
 def test_streaming_text(gateway: Gateway, store: Store) -> None:
     (attempt,) = running(store)
-    llm = client(gateway.rollout_url(attempt.rollout_id))
+    llm = client(gateway.rollout_url(attempt))
     messages = [{"role": "user", "content": "hi"}]
     stream = llm.chat.completions.create(
         model="policy", messages=messages, stream=True, stream_options={"include_usage": True}
@@ -179,7 +179,7 @@ def test_streaming_tool_calls(store: Store) -> None:
     ]
     with serve(ScriptedBackend([{"content": "Checking.", "tool_calls": calls}]), store) as gw:
         (attempt,) = running(store)
-        llm = client(gw.rollout_url(attempt.rollout_id))
+        llm = client(gw.rollout_url(attempt))
         messages = [{"role": "user", "content": "weather?"}]
         chunks = list(
             llm.chat.completions.create(
@@ -238,7 +238,7 @@ def test_unrecorded_route_serves_and_records_nothing(gateway: Gateway, store: St
     assert store.get(attempt.rollout_id).calls == []
     assert [m.id for m in llm.models.list().data] == ["scripted"]
     assert llm.models.retrieve("scripted").owned_by == "boltrl"
-    rollout_models = client(gateway.rollout_url(attempt.rollout_id)).models.list()
+    rollout_models = client(gateway.rollout_url(attempt)).models.list()
     assert [m.id for m in rollout_models.data] == ["scripted"]
 
 

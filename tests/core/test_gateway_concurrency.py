@@ -60,7 +60,7 @@ def test_concurrent_rollouts_keep_their_calls() -> None:
 
         async def main() -> list[list[tuple[str, str]]]:
             return await asyncio.gather(
-                *(_agent(gw.rollout_url(a.rollout_id), i) for i, a in enumerate(attempts))
+                *(_agent(gw.rollout_url(a), i) for i, a in enumerate(attempts))
             )
 
         results = asyncio.run(main())

@@ -259,7 +259,7 @@ def test_backend_failure_is_recorded_as_failed_call(
     store = open_store("memory://")
     with serve(ScriptedBackend([failure, "recovered"]), store) as gw:
         (attempt,) = running(store)
-        url = f"{gw.rollout_url(attempt.rollout_id)}/chat/completions"
+        url = f"{gw.rollout_url(attempt)}/chat/completions"
         r = httpx.post(url, json=chat())
         assert r.status_code == status
         error = r.json()["error"]
@@ -297,6 +297,6 @@ def test_store_failure_fails_the_call_not_silently() -> None:
     store = _RefusingStore()
     with serve(ScriptedBackend(["ok"]), store) as gw:
         (attempt,) = running(store)
-        r = httpx.post(f"{gw.rollout_url(attempt.rollout_id)}/chat/completions", json=chat())
+        r = httpx.post(f"{gw.rollout_url(attempt)}/chat/completions", json=chat())
     assert r.status_code == 503 and r.json()["error"]["code"] == "store_unavailable"
     assert store.get(attempt.rollout_id).calls == []

@@ -35,7 +35,7 @@ def gateway(store: Store) -> Iterator[Gateway]:
 
 def test_function_call_then_text(gateway: Gateway, store: Store) -> None:
     (attempt,) = running(store)
-    llm = client(gateway.rollout_url(attempt.rollout_id))
+    llm = client(gateway.rollout_url(attempt))
     first = llm.responses.create(
         model="policy",
         instructions="You are helpful.",
@@ -109,7 +109,7 @@ def test_function_call_then_text(gateway: Gateway, store: Store) -> None:
 def test_message_items_with_parts_and_reasoning_skipped(store: Store) -> None:
     with serve(ScriptedBackend(["ok"]), store) as gw:
         (attempt,) = running(store)
-        r = client(gw.rollout_url(attempt.rollout_id)).responses.create(
+        r = client(gw.rollout_url(attempt)).responses.create(
             model="policy",
             input=[
                 {"type": "message", "role": "developer", "content": "rules"},
@@ -137,7 +137,7 @@ def test_message_items_with_parts_and_reasoning_skipped(store: Store) -> None:
 
 def test_streaming_text(gateway: Gateway, store: Store) -> None:
     (attempt,) = running(store)
-    llm = client(gateway.rollout_url(attempt.rollout_id))
+    llm = client(gateway.rollout_url(attempt))
     llm.responses.create(model="policy", input="warm up")  # consume the tool call
     with llm.responses.stream(model="policy", input="Weather?") as stream:
         events = list(stream)
@@ -166,7 +166,7 @@ def test_streaming_text(gateway: Gateway, store: Store) -> None:
 
 def test_streaming_function_call(gateway: Gateway, store: Store) -> None:
     (attempt,) = running(store)
-    llm = client(gateway.rollout_url(attempt.rollout_id))
+    llm = client(gateway.rollout_url(attempt))
     events = list(
         llm.responses.create(model="policy", input="Weather?", stream=True, tools=[FLAT_TOOL])
     )

@@ -45,7 +45,7 @@ def test_chained_gateways_record_the_upstream_token_ids(store: Store) -> None:
         backend = UpstreamBackend(f"{up.url}/v1", "scripted", policy_version=5)
         with serve(backend, store) as gw:
             (attempt,) = running(store)
-            llm = client(gw.rollout_url(attempt.rollout_id))
+            llm = client(gw.rollout_url(attempt))
             messages: list[Any] = [{"role": "user", "content": "Weather in Oslo?"}]
             first = llm.chat.completions.create(
                 model="policy", messages=messages, tools=[WEATHER_TOOL], temperature=0.3
@@ -126,7 +126,7 @@ def test_upstream_without_token_ids_records_them_missing(store: Store) -> None:
     with serve(ScriptedBackend(["no ids here"], with_token_ids=False)) as up:
         with serve(UpstreamBackend(f"{up.url}/v1", "scripted"), store) as gw:
             (attempt,) = running(store)
-            r = client(gw.rollout_url(attempt.rollout_id)).chat.completions.create(
+            r = client(gw.rollout_url(attempt)).chat.completions.create(
                 model="policy", messages=[{"role": "user", "content": "hi"}]
             )
     assert r.choices[0].message.content == "no ids here"
@@ -192,7 +192,7 @@ def test_upstream_rejecting_return_token_ids_is_asked_without_it(store: Store) -
     up.app = strict  # type: ignore[assignment]
     with up, serve(UpstreamBackend(f"{up.url}/v1", "scripted"), store) as gw:
         (attempt,) = running(store)
-        llm = client(gw.rollout_url(attempt.rollout_id))
+        llm = client(gw.rollout_url(attempt))
         for _ in range(2):
             r = llm.chat.completions.create(model="p", messages=[{"role": "user", "content": "x"}])
             assert r.choices[0].message.content == "fine"
@@ -206,14 +206,14 @@ def test_upstream_failures_are_502_503_and_recorded(store: Store) -> None:
         with serve(UpstreamBackend(f"{up.url}/v1", "scripted"), store) as gw:
             (attempt,) = running(store)
             r = httpx.post(
-                f"{gw.rollout_url(attempt.rollout_id)}/chat/completions",
+                f"{gw.rollout_url(attempt)}/chat/completions",
                 json={"model": "p", "messages": [{"role": "user", "content": "x"}]},
             )
             # the upstream answered 502 (bad gateway): transient for us, so 503
             assert r.status_code == 503 and "upstream model broke" in r.text
     with serve(UpstreamBackend("http://127.0.0.1:9/v1", "scripted"), store) as gw:
         r = httpx.post(
-            f"{gw.rollout_url(attempt.rollout_id)}/chat/completions",
+            f"{gw.rollout_url(attempt)}/chat/completions",
             json={"model": "p", "messages": [{"role": "user", "content": "x"}]},
         )
         assert r.status_code == 503 and "unreachable" in r.json()["error"]["message"]
@@ -260,7 +260,7 @@ def test_cli_gateway_serve_records_into_a_store(tmp_path: Path, store: Store) ->
             line = proc.stdout.readline()
             assert "boltrl gateway serving scripted" in line, line + log.read_text()
             url = line.split(" on ")[1].split()[0]
-            r = client(f"{url}/rollouts/{attempt.rollout_id}/v1").chat.completions.create(
+            r = client(f"{url}{attempt.route}/v1").chat.completions.create(
                 model="p", messages=[{"role": "user", "content": "hi"}]
             )
         finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -167,7 +168,7 @@ def test_emit_reward_outside_rollout_warns_once() -> None:
         assert boltrl.emit_reward(1.0) is None  # second time: silent
 
 
-def test_llm_is_rollout_scoped(store: Any) -> None:
+def test_llm_is_attempt_scoped_and_its_token_is_not_stored(store: Any) -> None:
     store.publish_resources(boltrl.Resources(gateway_url="http://127.0.0.1:9", model="m"))
     seen: list[LLM] = []
 
@@ -176,8 +177,13 @@ def test_llm_is_rollout_scoped(store: Any) -> None:
 
     [r] = _run_all(agent, store, 1)
     assert r.status == RolloutStatus.SUCCEEDED and r.reward is None
-    assert seen[0].base_url == f"http://127.0.0.1:9/rollouts/{r.id}/v1"
+    m = re.fullmatch(
+        rf"http://127\.0\.0\.1:9/rollouts/{r.id}/attempts/1/([A-Za-z0-9_-]{{32}})/v1",
+        seen[0].base_url,
+    )
+    assert m is not None, seen[0].base_url
     assert seen[0].model == "m" and seen[0].rollout_id == r.id
+    assert m.group(1) not in store.get(r.id).model_dump_json()
 
 
 AGENT_FILE = textwrap.dedent(

@@ -60,7 +60,9 @@ def test_full_lifecycle_with_records_joined_and_ordered(store: Store) -> None:
     assert att.task == _task(0) and att.timeout_s == 9.0
     assert att.outcome is AttemptOutcome.RUNNING
     assert att.lease_expires_at == pytest.approx(att.started_at + 5.0)
-    assert store.current_attempt(ids[0]) == att.model_copy(update={"task": None, "timeout_s": None})
+    assert store.current_attempt(ids[0]) == att.model_copy(
+        update={"task": None, "timeout_s": None, "token": None}
+    )
 
     time.sleep(0.01)
     beat = store.heartbeat(att)
@@ -93,6 +95,7 @@ def test_full_lifecycle_with_records_joined_and_ordered(store: Store) -> None:
         update={
             "task": None,
             "timeout_s": None,
+            "token": None,
             "outcome": AttemptOutcome.SUCCEEDED,
             "ended_at": a1.ended_at,
         }
@@ -146,9 +149,10 @@ def test_lease_expiry_requeues_until_max_attempts_then_fails(store: Store) -> No
         store.heartbeat(a1)
     with pytest.raises(StaleAttempt):
         store.finish(a1, "succeeded", reward=1.0)
-    # A late flush of the stale attempt's records is kept, under its own number.
-    store.record(a1, [ToolStep(id="late", name="t")])
-    assert [(t.id, t.attempt) for t in store.get(rid).tool_steps] == [("late", 1)]
+    # Whatever the replaced attempt sends later is refused, never filed anywhere.
+    with pytest.raises(StaleAttempt, match="attempt 2 took over"):
+        store.record(a1, [ToolStep(id="late", name="t")])
+    assert store.get(rid).tool_steps == []
 
     [done] = store.wait([rid], timeout_s=10.0)  # wait notices the second expiry itself
     assert done.status is RolloutStatus.FAILED

@@ -140,8 +140,8 @@ def _bad_calls(w: World) -> list[tuple[str, Callable[[Store], Any], type[BoltrlE
         ("finish bad status", lambda s: s.finish(live, "bogus"), InvalidInput, "status"),
         ("finish as running", lambda s: s.finish(live, "running"), InvalidInput, "status"),
         (
-            "finish twice",
-            lambda s: s.finish(w.finished, "succeeded"),
+            "finish twice, another outcome",
+            lambda s: s.finish(w.finished, "failed"),
             StaleAttempt,
             "already ended (succeeded)",
         ),

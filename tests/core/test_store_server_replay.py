@@ -27,9 +27,10 @@ def test_retried_finish_answers_the_rollout_again() -> None:
         assert Rollout.model_validate_json(again.content) == backing.get(rid)
         assert first.json() == again.json()
         assert [a.outcome for a in backing.get(rid).attempts] == ["succeeded"]
-        # a refused finish (another key: a second effect) is remembered as it was
+        # a refused finish (another key, another outcome) is remembered as it was
         stale = {"Idempotency-Key": "finish-2"}
-        refused = httpx.post(url, json=body, headers=stale)
+        other = {**body, "status": "failed"}
+        refused = httpx.post(url, json=other, headers=stale)
         assert refused.status_code == 409
-        assert httpx.post(url, json=body, headers=stale).json() == refused.json()
+        assert httpx.post(url, json=other, headers=stale).json() == refused.json()
     backing.close()

@@ -92,11 +92,11 @@ def test_chat_calls_are_recorded_with_token_truth(
         {"role": "user", "content": "Name a colour."},
     ]
     with Gateway(backend, store) as gw:
-        r = client(gw.rollout_url(plain.rollout_id)).chat.completions.create(
+        r = client(gw.rollout_url(plain)).chat.completions.create(
             model="policy", messages=messages, temperature=0.7, max_tokens=9, seed=3
         )
         chunks = list(
-            client(gw.rollout_url(streamed.rollout_id)).chat.completions.create(
+            client(gw.rollout_url(streamed)).chat.completions.create(
                 model="policy", messages=messages, temperature=0.7, max_tokens=9, stream=True
             )
         )
@@ -130,7 +130,7 @@ def test_concurrent_rollouts_are_batched_and_attributed(
 
     with Gateway(backend, store) as gw, ThreadPoolExecutor(len(attempts)) as pool:
         futures = [
-            pool.submit(agent, i, a, gw.rollout_url(a.rollout_id)) for i, a in enumerate(attempts)
+            pool.submit(agent, i, a, gw.rollout_url(a)) for i, a in enumerate(attempts)
         ]
         results = [f.result() for f in futures]
     assert backend.stats()["batches"] - before["batches"] < len(attempts)
@@ -151,7 +151,7 @@ def test_tool_calls_through_chat_and_responses(
     messages: list[JSON] = [{"role": "user", "content": "What is 2 + 3?"}]
     attempts = running(store, 3)
     with Gateway(b, store) as gw:
-        urls = [gw.rollout_url(a.rollout_id) for a in attempts]
+        urls = [gw.rollout_url(a) for a in attempts]
         r = client(urls[0]).chat.completions.create(
             model="policy", messages=messages, tools=[ADD_TOOL], temperature=0
         )

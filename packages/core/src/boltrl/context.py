@@ -4,9 +4,17 @@ The runner enters a ``RolloutContext`` around the agent. Code anywhere below it 
 the agent, its framework, an adapter's callback — reaches the rollout through
 ``current()``; ``emit_reward`` and friends use it. The context lives in a
 ``contextvars.ContextVar``, so asyncio tasks the agent spawns inherit it, as do threads
-started through ``asyncio.to_thread`` or ``contextvars.copy_context().run``. For plain
-threads (``threading.Thread``, executors) that do not copy the context, a process-wide
-fallback applies: if exactly one rollout is active in the process, it is used.
+started through ``asyncio.to_thread``, ``contextvars.copy_context().run`` or
+``boltrl.runner.copy_context_thread``. For plain threads (``threading.Thread``,
+executors) that do not copy the context, a narrow fallback applies: when exactly one
+rollout is active in the process *and the calling thread was started during it*, that
+rollout is used. A thread left running by an earlier rollout (or a pool thread that
+existed before the rollout began) never reaches a later rollout; hand such threads the
+context explicitly (``contextvars.copy_context().run``).
+
+A context is closed when the agent returns (leaving the ``with`` block): records that
+arrive afterwards, from any thread, are dropped and counted (``dropped_records``), and
+the store refuses anything of an attempt that ended.
 
 Outside any rollout the helpers warn once and do nothing.
 """
@@ -51,6 +59,8 @@ class RolloutContext:
         """Records that arrived after the attempt was closed (e.g. an abandoned agent)."""
         self._closed = False
         self._token: contextvars.Token[RolloutContext | None] | None = None
+        self._threads_before: frozenset[threading.Thread] = frozenset()
+        """Threads alive when the context was entered: never the fallback's callers."""
 
     @property
     def rollout_id(self) -> str:
@@ -105,6 +115,8 @@ class RolloutContext:
     # -- entering / leaving -------------------------------------------------------------
 
     def __enter__(self) -> RolloutContext:
+        # The entering thread itself reaches the context through the context variable.
+        self._threads_before = frozenset(threading.enumerate())
         self._token = _CURRENT.set(self)
         with _ACTIVE_LOCK:
             _ACTIVE[id(self)] = self
@@ -119,7 +131,7 @@ class RolloutContext:
             except ValueError:  # exited from another context (e.g. a different task)
                 _CURRENT.set(None)
             self._token = None
-        self.flush()
+        self.close()
 
 
 _CURRENT: contextvars.ContextVar[RolloutContext | None] = contextvars.ContextVar(
@@ -138,10 +150,11 @@ def current() -> RolloutContext | None:
     ctx = _CURRENT.get()
     if ctx is not None:
         return ctx
-    if len(_ACTIVE) == 1:  # a plain thread spawned by the only running agent
+    if len(_ACTIVE) == 1:  # maybe a plain thread spawned by the only running agent
         with _ACTIVE_LOCK:
-            if len(_ACTIVE) == 1:
-                return next(iter(_ACTIVE.values()))
+            only = next(iter(_ACTIVE.values())) if len(_ACTIVE) == 1 else None
+        if only is not None and threading.current_thread() not in only._threads_before:
+            return only
     return None
 
 

@@ -98,10 +98,28 @@ class Attempt(_Record):
     """The task, filled in on ``claim`` so a runner needs no second round trip."""
     timeout_s: float | None = None
     """The rollout's wall-clock budget, copied here for the runner to enforce."""
+    token: str | None = None
+    """The lease token: an unguessable secret that ``claim`` hands to the claiming worker.
+    Every write of the attempt (heartbeat, record, finish, the gateway's recorded route)
+    must carry it, so an attempt that was replaced, or an ``Attempt`` nobody claimed,
+    cannot write into the rollout. Stores leave it out (None) of what ``get``, ``query``,
+    ``wait`` and ``current_attempt`` return."""
 
     @property
     def key(self) -> str:
         return f"{self.rollout_id}#{self.number}"
+
+    @property
+    def route(self) -> str:
+        """The gateway path of this attempt's recorded calls (without ``/v1``):
+        ``/rollouts/{rollout_id}/attempts/{number}/{token}``. Raises ValueError for an
+        attempt without a token (one that did not come from ``claim``)."""
+        if not self.token:
+            raise ValueError(
+                f"attempt {self.number} of rollout {self.rollout_id!r} has no lease token: "
+                "use the Attempt that store.claim returned"
+            )
+        return f"/rollouts/{self.rollout_id}/attempts/{self.number}/{self.token}"
 
 
 class _RolloutRecord(_Record):
@@ -335,7 +353,8 @@ class LLM(_Record):
     """What an agent hands its framework's OpenAI client."""
 
     base_url: str
-    """Rollout-scoped OpenAI base URL: ``{gateway}/rollouts/{rollout_id}/v1``."""
+    """Attempt-scoped OpenAI base URL:
+    ``{gateway}/rollouts/{rollout_id}/attempts/{number}/{token}/v1`` (see ``Attempt.route``)."""
     model: str
     api_key: str = "boltrl"
     temperature: float | None = None
@@ -369,13 +388,17 @@ class Resources(_Record):
     version: int = 0
     """Incremented by the store on each publish."""
 
-    def llm_for(self, rollout_id: str) -> LLM:
+    def llm_for(self, rollout_id: str, attempt: Attempt | None = None) -> LLM:
+        """The ``LLM`` of one rollout: recorded under ``attempt`` (its fenced route) when
+        given; without one the base URL is the tokenless ``/rollouts/{id}/v1``, which the
+        gateway serves but refuses to record."""
         if self.gateway_url is None:
             raise ValueError("no gateway_url published: call store.publish_resources first")
         base = self.gateway_url.rstrip("/")
+        route = attempt.route if attempt is not None else f"/rollouts/{rollout_id}"
         s = self.sampling
         return LLM(
-            base_url=f"{base}/rollouts/{rollout_id}/v1",
+            base_url=f"{base}{route}/v1",
             model=self.model,
             api_key=self.api_key,
             temperature=s.get("temperature"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 import inspect
 import logging
 import math
@@ -114,10 +115,7 @@ class _AgentRun:
         try:
             return loop.run_until_complete(main())
         finally:
-            try:
-                loop.run_until_complete(loop.shutdown_asyncgens())
-            finally:
-                loop.close()
+            _close_loop(loop)
 
     def cancel(self) -> None:
         """Best effort: cancel an async agent; a sync one is left to finish on its own."""
@@ -127,6 +125,66 @@ class _AgentRun:
                 loop.call_soon_threadsafe(task.cancel)
             except RuntimeError:
                 pass
+
+
+_EXECUTOR_SHUTDOWN_S = 5.0
+"""How long a finished async rollout waits for its loop's default-executor jobs."""
+
+
+def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """End a rollout's event loop the way ``asyncio.run`` does: cancel the tasks the
+    agent left behind (and let them run their ``finally`` blocks), finish async
+    generators, shut down the default executor, then close. Without this, a framework's
+    background task is destroyed pending and transports collected after ``close`` print
+    "Event loop is closed". Unlike ``asyncio.run`` on 3.11, the executor wait is bounded,
+    so a stuck ``run_in_executor`` job cannot hold the slot.
+
+    One step more than ``asyncio.run``: a collection of garbage while the loop still
+    runs. Clients an agent dropped unclosed (openai's ``AsyncOpenAI``) schedule their own
+    close on *the running loop* when collected; collected later, in another loop (the
+    next rollout's, the gateway's), that close fails with "Event loop is closed"."""
+    try:
+        _cancel_all(loop)
+        loop.run_until_complete(_collect_garbage())
+        _cancel_all(loop)
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        try:
+            loop.run_until_complete(
+                asyncio.wait_for(loop.shutdown_default_executor(), _EXECUTOR_SHUTDOWN_S)
+            )
+        except TimeoutError:
+            log.warning(
+                "boltrl runner: the agent's executor jobs outlived it by %.0f s; left running",
+                _EXECUTOR_SHUTDOWN_S,
+            )
+    finally:
+        loop.close()
+
+
+def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
+    leftover = asyncio.all_tasks(loop)
+    for task in leftover:
+        task.cancel()
+    if not leftover:
+        return
+    loop.run_until_complete(asyncio.gather(*leftover, return_exceptions=True))
+    for task in leftover:
+        if not task.cancelled() and task.exception() is not None:
+            loop.call_exception_handler(
+                {
+                    "message": "unhandled exception in a task left by the agent",
+                    "exception": task.exception(),
+                    "task": task,
+                }
+            )
+
+
+async def _collect_garbage() -> None:
+    gc.collect()
+    # Let the close tasks that collection scheduled run (bounded).
+    closing = asyncio.all_tasks() - {asyncio.current_task()}
+    if closing:
+        await asyncio.wait(closing, timeout=_EXECUTOR_SHUTDOWN_S)
 
 
 def _as_reward(value: Any) -> float | None:
@@ -255,7 +313,7 @@ class Runner:
             if self._remaining is not None:
                 self._remaining += 1
 
-    def _llm_for(self, rollout_id: str) -> LLM:
+    def _llm_for(self, attempt: Attempt) -> LLM:
         now = time.monotonic()
         if self._resources is None or now - self._resources_at > 1.0:
             self._resources = self.store.resources()
@@ -263,8 +321,9 @@ class Runner:
         res = self._resources
         if res.gateway_url is None:
             # No model published (e.g. agents that need none): an LLM without endpoint.
-            return LLM(base_url="", model=res.model, api_key=res.api_key, rollout_id=rollout_id)
-        return res.llm_for(rollout_id)
+            rid = attempt.rollout_id
+            return LLM(base_url="", model=res.model, api_key=res.api_key, rollout_id=rid)
+        return res.llm_for(attempt.rollout_id, attempt)
 
     def _worker_loop(self, slot: int) -> None:
         try:
@@ -303,7 +362,7 @@ class Runner:
         assert attempt.task is not None, "store.claim must fill in the task"
         ctx = RolloutContext(attempt, self.store.record)
         try:
-            llm = self._llm_for(attempt.rollout_id)
+            llm = self._llm_for(attempt)
         except BoltrlError as e:
             self._finish(
                 attempt, RolloutStatus.FAILED, error=str(e), kind="resources", retryable=True

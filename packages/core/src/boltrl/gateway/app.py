@@ -2,10 +2,15 @@
 
 Routes (each also under ``/v1/...`` without a rollout, served but not recorded):
 
-- ``POST /rollouts/{rollout_id}/v1/chat/completions``
-- ``POST /rollouts/{rollout_id}/v1/responses``
-- ``GET  /rollouts/{rollout_id}/v1/models`` and ``.../v1/models/{model}``
+- ``POST /rollouts/{rollout_id}/attempts/{number}/{token}/v1/chat/completions``
+- ``POST /rollouts/{rollout_id}/attempts/{number}/{token}/v1/responses``
+- ``GET  .../v1/models`` and ``.../v1/models/{model}``
 - ``GET  /health``
+
+A recorded route names the attempt and carries its lease token (``Attempt.route``): a
+call of an attempt that is no longer current gets a 409 and is not recorded. The
+tokenless ``/rollouts/{rollout_id}/v1`` still answers 404 for an unknown or finished
+rollout, and 409 for a running one: it records nothing.
 
 Per call: parse and validate (400 naming the field, nothing recorded) → find the
 rollout's running attempt (404 when unknown or finished) → generate (backend failure:
@@ -82,11 +87,12 @@ class _Handlers:
 
     async def serve(self, request: Request, api: _API) -> Response:
         """One call: parse → attempt → generate → record → respond."""
-        rollout_id: str | None = request.path_params.get("rollout_id")
+        params = request.path_params
+        rollout_id: str | None = params.get("rollout_id")
         try:
             call = api.parse(read_body(await request.body()))
             call.request.rollout_id = rollout_id
-            attempt = await self._attempt(rollout_id)
+            attempt = await self._attempt(rollout_id, params.get("number"), params.get("token"))
         except BoltrlError as e:
             return _boltrl_error(e)
         call_id = api.prefix + uuid.uuid4().hex
@@ -118,11 +124,13 @@ class _Handlers:
             return Response(body, 200, headers=_SSE_HEADERS, media_type="text/event-stream")
         return _json(api.render(call_id, created, model, gen, call))
 
-    async def _attempt(self, rollout_id: str | None) -> Attempt | None:
+    async def _attempt(
+        self, rollout_id: str | None, number: int | None, token: str | None
+    ) -> Attempt | None:
         """The attempt to record under; None when the call is not recorded."""
         if rollout_id is None or self.recorder is None:
             return None
-        return await self.recorder.attempt(rollout_id)
+        return await self.recorder.attempt(rollout_id, number, token)
 
     async def _failed(
         self, call_id: str, attempt: Attempt | None, call: ParsedCall, e: Exception, started: float
@@ -206,7 +214,11 @@ def create_gateway_app(
     h = _Handlers(backend, store)
     app = FastAPI(title="boltrl gateway", openapi_url=None, docs_url=None, redoc_url=None)
     app.add_exception_handler(HTTPException, _http_error)
-    for prefix in ("/rollouts/{rollout_id}/v1", "/v1"):
+    for prefix in (
+        "/rollouts/{rollout_id}/attempts/{number:int}/{token}/v1",
+        "/rollouts/{rollout_id}/v1",
+        "/v1",
+    ):
         app.add_route(f"{prefix}/chat/completions", h.chat, methods=["POST"])
         app.add_route(f"{prefix}/responses", h.responses, methods=["POST"])
         app.add_route(f"{prefix}/models", h.models, methods=["GET"])

@@ -15,7 +15,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from boltrl.errors import BackendError, BoltrlError, Conflict, NotFound, StoreUnavailable
+from boltrl.errors import (
+    BackendError,
+    BoltrlError,
+    Conflict,
+    NotFound,
+    StaleAttempt,
+    StoreUnavailable,
+)
 from boltrl.gateway._output import assistant_message, usage_of
 from boltrl.gateway._request import ParsedCall
 from boltrl.gateway.backend import Generation
@@ -37,8 +44,22 @@ class RolloutUnavailable(BoltrlError):
         self.code = code
 
 
+class AttemptRefused(BoltrlError):
+    """The call names no attempt, or one that is not the rollout's current one: a 409,
+    and nothing is recorded (fencing: an abandoned attempt's late calls never become
+    another attempt's training data)."""
+
+    status_code = 409
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def _store_error(e: Exception, rollout_id: str) -> BoltrlError:
     """What the agent is told when the store refuses or fails."""
+    if isinstance(e, StaleAttempt):
+        return AttemptRefused(f"{e}; the call was not recorded", "stale_attempt")
     if isinstance(e, NotFound):
         return RolloutUnavailable(f"rollout {rollout_id!r} not found", "rollout_not_found")
     if isinstance(e, Conflict):
@@ -70,16 +91,35 @@ class Recorder:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(fn, *args))
 
-    async def attempt(self, rollout_id: str) -> Attempt:
-        """The attempt a call of ``rollout_id`` is recorded under: the running one.
+    async def attempt(
+        self, rollout_id: str, number: int | None = None, token: str | None = None
+    ) -> Attempt:
+        """The attempt a call of ``rollout_id`` is recorded under: the running one, when
+        it is the attempt ``number`` the call's route names; ``token`` (from the route)
+        goes with it, and the store checks it when the call is written.
 
-        Raises ``RolloutUnavailable`` (404) or ``StoreUnavailable`` (503); nothing is
+        Raises ``RolloutUnavailable`` (404), ``AttemptRefused`` (409: the route carries
+        no attempt, or one that was replaced) or ``StoreUnavailable`` (503); nothing is
         generated for a call that has no attempt to record under.
         """
         try:
-            return await self._run(self.store.current_attempt, rollout_id)
+            current = await self._run(self.store.current_attempt, rollout_id)
         except Exception as e:
             raise _store_error(e, rollout_id) from e
+        if number is None or not token:
+            raise AttemptRefused(
+                f"rollout {rollout_id!r}: /rollouts/{{id}}/v1 is not recorded; send calls to "
+                "the base_url the runner hands the agent "
+                "(/rollouts/{id}/attempts/{number}/{token}/v1)",
+                "attempt_token_required",
+            )
+        if current.number != number:
+            raise AttemptRefused(
+                f"attempt {number} of rollout {rollout_id!r} is no longer current (attempt "
+                f"{current.number} is); the call was not recorded",
+                "stale_attempt",
+            )
+        return current.model_copy(update={"token": token})
 
     async def served(
         self,

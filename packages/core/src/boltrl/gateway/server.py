@@ -9,6 +9,7 @@ from types import TracebackType
 from boltrl._serving import ServerThread, bind, check_exposure, local_hosts
 from boltrl.gateway.app import create_gateway_app
 from boltrl.gateway.backend import Backend
+from boltrl.records import Attempt
 from boltrl.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -59,9 +60,12 @@ class Gateway:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
-    def rollout_url(self, rollout_id: str) -> str:
-        """The OpenAI ``base_url`` for one rollout's recorded calls."""
-        return f"{self.url}/rollouts/{rollout_id}/v1"
+    def rollout_url(self, attempt: Attempt | str) -> str:
+        """The OpenAI ``base_url`` for one attempt's recorded calls (``Attempt.route``);
+        given a bare rollout id, the tokenless route, which records nothing."""
+        if isinstance(attempt, Attempt):
+            return f"{self.url}{attempt.route}/v1"
+        return f"{self.url}/rollouts/{attempt}/v1"
 
     def start(self, timeout_s: float = 10.0) -> Gateway:
         """Start serving; returns when connections are accepted. Raises if it cannot."""

@@ -10,13 +10,20 @@ expired lease is noticed without polling.
 Every state change is computed as new (immutable) values first, handed to persistence,
 and only then installed in memory: when persistence raises, memory is unchanged, which
 is how "bad input changes nothing" and "acknowledged means durable" hold together.
+
+Fencing: ``claim`` gives each attempt an unguessable lease token (kept in the stored
+head, so a running attempt keeps it across a restart of a persistent store); every
+write checks it, and every rollout or attempt handed out by a read has it removed, so
+only the worker that claimed an attempt can act for it.
 """
 
 from __future__ import annotations
 
 import abc
 import heapq
+import hmac
 import math
+import secrets
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -24,7 +31,6 @@ from collections.abc import Iterable, Sequence
 from pydantic import BaseModel, ConfigDict
 
 from boltrl.errors import Conflict, InvalidInput, NotFound, StaleAttempt, StoreUnavailable
-from boltrl.join import assemble
 from boltrl.records import (
     AnyRecord,
     Attempt,
@@ -36,6 +42,7 @@ from boltrl.records import (
     new_id,
 )
 from boltrl.store._checks import (
+    assemble,
     check_int,
     check_number,
     check_optional_status,
@@ -150,8 +157,9 @@ class StoreEngine(abc.ABC):
             raise NotFound(f"unknown rollout {rollout_id!r}")
         return head
 
-    def _current(self, attempt: Attempt, action: str) -> Rollout:
-        """The live head whose current, running attempt is ``attempt``; else StaleAttempt."""
+    def _fenced(self, attempt: Attempt, action: str) -> tuple[Rollout, Attempt]:
+        """The head and the stored attempt ``attempt`` names, once its lease token matches;
+        else StaleAttempt (the attempt did not come from ``claim``, or not this one)."""
         if not isinstance(attempt, Attempt):
             raise InvalidInput(f"attempt: expected an Attempt, got {type(attempt).__name__}")
         head = self._head(attempt.rollout_id)
@@ -159,6 +167,18 @@ class StoreEngine(abc.ABC):
         if attempt.number > n:
             raise NotFound(f"rollout {head.id!r} has no attempt {attempt.number}")
         stored = head.attempts[attempt.number - 1]
+        if not same_token(stored.token, attempt.token):
+            raise StaleAttempt(
+                f"cannot {action}: attempt {attempt.number} of rollout {head.id!r} "
+                f"{'carries no' if not attempt.token else 'carries the wrong'} lease token "
+                "(only the Attempt that claim returned may act for it)"
+            )
+        return head, stored
+
+    def _current(self, attempt: Attempt, action: str) -> Rollout:
+        """The live head whose current, running attempt is ``attempt``; else StaleAttempt."""
+        head, stored = self._fenced(attempt, action)
+        n = len(head.attempts)
         if stored.outcome is not AttemptOutcome.RUNNING:
             cause = stored.outcome.value
             if stored.error_kind not in (None, cause):
@@ -266,6 +286,7 @@ class StoreEngine(abc.ABC):
             started_at=now,
             lease_expires_at=now + lease_s,
             last_heartbeat=now,
+            token=secrets.token_urlsafe(24),
         )
         new = head.model_copy(
             update={"status": RolloutStatus.RUNNING, "attempts": [*head.attempts, att]}
@@ -359,9 +380,8 @@ class StoreEngine(abc.ABC):
             raise InvalidInput(f"attempt: expected an Attempt, got {type(attempt).__name__}")
         with self._lock:
             self._check_open()
-            head = self._head(attempt.rollout_id)
-            if attempt.number > len(head.attempts):
-                raise NotFound(f"rollout {head.id!r} has no attempt {attempt.number}")
+            self._expire_due(time.time())
+            head = self._current(attempt, "record")
             checked = check_records(head, attempt.number, records)
             if checked:
                 self._p_add_records(head.id, checked)
@@ -373,7 +393,7 @@ class StoreEngine(abc.ABC):
             head = self._head(rollout_id)
             if head.status is not RolloutStatus.RUNNING:
                 raise Conflict(f"rollout {rollout_id!r} is not running (it is {head.status.value})")
-            return head.attempts[-1]
+            return head.attempts[-1].model_copy(update={"token": None})
 
     def finish(
         self,
@@ -398,6 +418,11 @@ class StoreEngine(abc.ABC):
             self._check_open()
             now = time.time()
             self._expire_due(now)
+            head, stored = self._fenced(attempt, "finish")
+            if stored.outcome is outcome and stored.ended_at is not None:
+                # A retried finish whose first try committed (its answer was lost): the
+                # same answer again, not StaleAttempt.
+                return public(assemble(head, self._p_records(head.id)))
             head = self._current(attempt, "finish")
             self._workers[head.attempts[-1].worker_id] = now
             new = self._end_attempt(
@@ -410,7 +435,7 @@ class StoreEngine(abc.ABC):
                 error_kind=error_kind,
                 retryable=bool(retryable),
             )
-            return assemble(new, self._p_records(new.id))
+            return public(assemble(new, self._p_records(new.id)))
 
     def cancel(self, rollout_id: str) -> Rollout:
         with self._lock:
@@ -419,7 +444,7 @@ class StoreEngine(abc.ABC):
             self._expire_due(now)
             head = self._head(rollout_id)
             if head.status is RolloutStatus.CANCELLED:
-                return assemble(head, self._p_records(head.id))
+                return public(assemble(head, self._p_records(head.id)))
             if head.status.terminal:
                 raise Conflict(f"rollout {rollout_id!r} already {head.status.value}")
             attempts = head.attempts
@@ -439,14 +464,14 @@ class StoreEngine(abc.ABC):
                 }
             )
             self._install(new)
-            return assemble(new, self._p_records(new.id))
+            return public(assemble(new, self._p_records(new.id)))
 
     def get(self, rollout_id: str) -> Rollout:
         with self._lock:
             self._check_open()
             self._expire_due(time.time())
             head = self._head(rollout_id)
-            return assemble(head, self._p_records(head.id))
+            return public(assemble(head, self._p_records(head.id)))
 
     def query(
         self, *, status: RolloutStatus | str | None = None, limit: int = 100, offset: int = 0
@@ -457,7 +482,7 @@ class StoreEngine(abc.ABC):
         with self._lock:
             self._check_open()
             self._expire_due(time.time())
-            return self._p_query(st, limit, offset)
+            return [public(h) for h in self._p_query(st, limit, offset)]
 
     def count(self, *, status: RolloutStatus | str | None = None) -> int:
         st = check_optional_status(status)
@@ -485,7 +510,30 @@ class StoreEngine(abc.ABC):
                     break
                 self._changed.wait(self._wait_timeout(remaining, now))
                 self._check_open()
-            return [assemble(h, self._p_records(h.id)) for h in map(self._head, rollout_ids)]
+            return [
+                public(assemble(h, self._p_records(h.id))) for h in map(self._head, rollout_ids)
+            ]
+
+    def release(self, attempt: Attempt) -> None:
+        """Undo a claim whose answer never reached its worker (a long-poll client that
+        disconnected): the attempt is removed as if never made and the rollout goes back
+        to the head of the queue, so no attempt is spent. A no-op when the attempt has
+        already heartbeaten, recorded or ended; StaleAttempt for a wrong token."""
+        with self._lock:
+            self._check_open()
+            head, stored = self._fenced(attempt, "release")
+            if (
+                stored.number != len(head.attempts)
+                or stored.outcome is not AttemptOutcome.RUNNING
+                or stored.last_heartbeat != stored.started_at
+                or any(r.attempt == stored.number for r in self._p_records(head.id))
+            ):
+                return
+            attempts = head.attempts[:-1]
+            status = RolloutStatus.REQUEUED if attempts else RolloutStatus.QUEUED
+            self._install(head.model_copy(update={"status": status, "attempts": attempts}))
+            heapq.heappush(self._queue, (self._ord[head.id], head.id))
+            self._claimable.notify()
 
     def publish_resources(self, resources: Resources) -> Resources:
         if not isinstance(resources, Resources):
@@ -529,3 +577,18 @@ class StoreEngine(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def same_token(stored: str | None, given: str | None) -> bool:
+    """Whether a lease token matches (constant time; a missing token never matches)."""
+    if not stored or not isinstance(given, str) or not given:
+        return False
+    return hmac.compare_digest(stored.encode(), given.encode())
+
+
+def public(rollout: Rollout) -> Rollout:
+    """The rollout as reads hand it out: without its attempts' lease tokens."""
+    if not any(a.token for a in rollout.attempts):
+        return rollout
+    attempts = [a.model_copy(update={"token": None}) if a.token else a for a in rollout.attempts]
+    return rollout.model_copy(update={"attempts": attempts})

@@ -26,8 +26,15 @@ class Store(Protocol):
     - **Idempotent records.** ``record`` keyed by record id: writing the same id again is a
       no-op, so retries never duplicate.
     - **Bad input changes nothing.** Unknown rollout → ``NotFound``; malformed record or
-      non-finite reward → ``InvalidInput``; finishing an attempt twice, or an attempt whose
-      lease was taken over → ``StaleAttempt``. The error message names what is wrong.
+      non-finite reward → ``InvalidInput``; finishing an attempt twice (with another
+      outcome), or an attempt whose lease was taken over → ``StaleAttempt``. The error
+      message names what is wrong.
+    - **Fenced attempts.** ``claim`` issues each attempt an unguessable lease token
+      (``Attempt.token``); ``heartbeat``, ``record`` and ``finish`` refuse with
+      ``StaleAttempt`` (HTTP 409) an attempt whose token does not match, and anything from
+      an attempt that is not the rollout's current, running one. Nothing refused is
+      stored. Reads (``get``, ``query``, ``wait``, ``current_attempt``, ``finish``'s
+      answer) never include tokens.
     - **Lifecycle.** queued → running → succeeded | failed | cancelled. An attempt whose
       lease expires without heartbeat, or that finishes ``failed`` with ``retryable=True``,
       requeues the rollout (status ``requeued``) until ``max_attempts`` attempts were made;
@@ -63,13 +70,16 @@ class Store(Protocol):
     def record(self, attempt: Attempt, records: Sequence[AnyRecord]) -> None:
         """Store records under the attempt (ids make it idempotent).
 
-        Records may arrive while the attempt runs or right after it finished (late
-        flushes are accepted for the attempt's own records); never into another attempt.
+        Only while the attempt is the rollout's current, running one: records of an
+        attempt that ended (finished, timed out, lost its lease) are refused with
+        ``StaleAttempt``, so whatever an abandoned agent does later never reaches
+        training data. Flush before ``finish``.
         """
         ...
 
     def current_attempt(self, rollout_id: str) -> Attempt:
-        """The running attempt of a rollout (used by the gateway to file calls).
+        """The running attempt of a rollout, without its token (the gateway checks a
+        call's attempt number against it before generating).
 
         Raises ``NotFound`` for an unknown rollout, ``Conflict`` when it is not running.
         """
@@ -88,7 +98,9 @@ class Store(Protocol):
         """End the attempt. ``status`` is ``succeeded``, ``failed`` or ``cancelled``.
 
         A ``failed`` attempt with ``retryable=True`` requeues the rollout while attempts
-        remain. Returns the rollout as it now stands.
+        remain. Returns the rollout as it now stands. Finishing again with the same token
+        and outcome (a retry whose first answer was lost) answers the same way instead of
+        raising ``StaleAttempt``.
         """
         ...
 
