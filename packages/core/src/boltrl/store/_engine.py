@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from pydantic import BaseModel, ConfigDict
 
 from boltrl.errors import Conflict, InvalidInput, NotFound, StaleAttempt, StoreUnavailable
+from boltrl.join import assemble
 from boltrl.records import (
     AnyRecord,
     Attempt,
@@ -42,7 +43,6 @@ from boltrl.records import (
     new_id,
 )
 from boltrl.store._checks import (
-    assemble,
     check_int,
     check_number,
     check_optional_status,
