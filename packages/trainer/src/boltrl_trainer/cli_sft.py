@@ -24,7 +24,7 @@ def sft_args(p: argparse.ArgumentParser) -> None:
 
 
 def sft_run(args: argparse.Namespace) -> int:
-    from boltrl_trainer.cli_train import ConsoleReporter
+    from boltrl_trainer.cli_report import ConsoleReporter
     from boltrl_trainer.config import load_config
     from boltrl_trainer.warm_start import run_sft
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from boltrl.errors import InvalidInput
 from boltrl_trainer.config import LoraConfig, TrainConfig
+from boltrl_trainer.models import load_model
 from boltrl_trainer.serving import TransformersBackend
 
 log = logging.getLogger(__name__)
@@ -54,8 +55,6 @@ def load_policy(cfg: TrainConfig, *, lora: bool = True) -> tuple[Any, Any]:
     """The model (with LoRA when configured and ``lora``) and its tokenizer, in
     inference mode."""
     import torch
-
-    from boltrl_trainer.models import load_model
 
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     model, tok = load_model(cfg.model, device=pick_device(cfg.device), dtype=dtype[cfg.dtype])

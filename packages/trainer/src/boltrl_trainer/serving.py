@@ -48,9 +48,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import boltrl_trainer._chat as _chat
 from boltrl.errors import BackendError, BackendUnavailable, InvalidInput
 from boltrl.gateway.backend import Generation, GenerationRequest
-from boltrl_trainer import _chat
 from boltrl_trainer.models import DEFAULT_MODEL, ensure_chat_template, is_default, load_model
 from boltrl_trainer.update import load_trainable
 
