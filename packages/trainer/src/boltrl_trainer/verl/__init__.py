@@ -3,8 +3,9 @@
 - ``settings``: the ``verl:`` config section (light; the trainer's config imports it);
 - ``config``: boltrl's config → verl's, and the checks that refuse no-op settings;
 - ``convert``: transitions → verl's batch layout (pure torch; ``to_dataproto`` needs verl);
-- ``rollout``: the gateway backend in front of verl's vLLM servers;
-- ``backend``: ``VerlTrainingBackend`` and ``build_verl`` (need verl, vLLM and GPUs).
+- ``rollout``: ``ReplicaPool``, the policy server in front of verl's vLLM servers;
+- ``backend``: ``VerlTrainingBackend`` and ``build_verl`` (need verl, vLLM and GPUs);
+- ``entry``: the ``verl`` entry of the backend registry (``boltrl_trainer.backends``).
 
 verl and vLLM are not workspace dependencies (their torch pin contradicts the CPU torch
 the workspace locks): they are installed on GPU machines from
