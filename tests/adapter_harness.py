@@ -152,6 +152,7 @@ def call(
         "status": "ok",
         "error": None,
         "cached": False,
+        "demonstration": None,  # the policy sampled it (no teacher played the model)
     }
 
 

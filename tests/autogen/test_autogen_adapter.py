@@ -27,6 +27,7 @@ from autogen_ext.models.openai import OpenAIChatCompletionClient
 import boltrl
 import boltrl_autogen
 from boltrl.context import RolloutContext
+from boltrl.credit import transitions
 from boltrl.errors import BackendError
 from boltrl.gateway import Gateway
 from boltrl.records import LLM, Attempt, Resources, RolloutStatus, Task
@@ -484,3 +485,71 @@ def test_odd_fields_are_left_empty_and_failures_are_counted_not_raised(
     assert (step.name, step.arguments, step.result, step.tool_call_id) == ("t", {"x": 1}, "r", None)
     assert after["field_failures"] == before["field_failures"] + 1
     assert after["failures"] == before["failures"]
+
+
+def test_a_lone_agent_reflecting_on_its_tool_names_both_calls(
+    instrumented: BoltrlEventHandler,
+) -> None:
+    """A lone AssistantAgent with ``reflect_on_tool_use=True`` makes its final-answer call
+    from the reflection flow, not ``_call_llm``: that call too is the agent's, so
+    ``credit.agents: [calc]`` trains on it."""
+
+    async def agent(task: JSON, llm: LLM) -> float:
+        calc = AssistantAgent(
+            "calc",
+            model_client=client(llm),
+            tools=[add],
+            system_message="You solve.",
+            reflect_on_tool_use=True,
+        )
+        await calc.run(task=task["q"])
+        return 1.0
+
+    ro = boltrl.run_rollout(agent, {"q": USER["content"]}, backend=ScriptedBackend(SCRIPT[1:3]))
+    add_call = tool_call("call_0_0", "add", '{"a": 2, "b": 3}')
+    used = [
+        {"role": "assistant", "content": None, "tool_calls": [add_call]},
+        {"role": "tool", "content": "5", "tool_call_id": "call_0_0"},
+    ]
+    calls = [
+        call(
+            "call-0",
+            agent="calc",
+            parent=None,
+            messages=[SOLVE, USER],
+            tools=[ADD_TOOL],
+            response=reply(None, [add_call]),
+        ),
+        call(
+            "call-1",
+            agent="calc",
+            parent=None,
+            messages=[SOLVE, USER, *used],
+            response=reply("It is 5."),
+        ),
+    ]
+    assert normalize(ro) == {
+        "status": "succeeded",
+        "reward": 1.0,
+        "unjoined_calls": 0,
+        "calls": calls,
+        "annotations": [
+            annotation(calls[0], span="span-0", index=0, call_id="call-0", framework=FW),
+            annotation(calls[1], span="span-1", index=3, call_id="call-1", framework=FW),
+        ],
+        "tool_steps": [
+            tool_step(
+                "add",
+                {"a": 2, "b": 3},
+                index=2,
+                result="5",
+                parent="call-0",
+                call_id="call-0",
+                tool_call_id="call_0_0",
+                agent="calc",
+            )
+        ],
+        "rewards": [reward(0.5, index=1)],
+    }
+    trained = transitions(ro, "final", agents=["calc"])
+    assert [t.call_ids for t in trained] == [[ro.calls[0].id], [ro.calls[1].id]]

@@ -501,3 +501,141 @@ def test_two_concurrent_async_rollouts_do_not_mix_records() -> None:
         assert ro.unjoined_calls == 0
         assert [a.request_messages for a in ro.annotations] == [[{"role": "user", "content": q}]]
         assert ro.calls[0].agent == "ChatOpenAI"
+
+
+# -- agent names from LangGraph graph names ------------------------------------------------
+
+
+def react_agent(llm: LLM) -> CompiledStateGraph:  # type: ignore[type-arg]
+    """The most common LangGraph agent, written as its docs write it."""
+    with warnings.catch_warnings():  # moved to langchain.agents in LangGraph 1.0; still served
+        warnings.simplefilter("ignore")
+        from langgraph.prebuilt import create_react_agent
+
+        return create_react_agent(model(llm), [add], name="converter")
+
+
+REACT_SCRIPT = [{"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]}, "It is 5."]
+
+
+def react_alone(task: JSON, llm: LLM) -> float:
+    react_agent(llm).invoke(INPUT, config={"callbacks": [BoltrlCallbackHandler()]})
+    return 1.0
+
+
+async def react_alone_async(task: JSON, llm: LLM) -> float:
+    await react_agent(llm).ainvoke(INPUT, config={"callbacks": [BoltrlCallbackHandler()]})
+    return 1.0
+
+
+@pytest.mark.parametrize("agent", [react_alone, react_alone_async], ids=["invoke", "ainvoke"])
+def test_create_react_agent_is_recorded_under_its_name(agent: Any) -> None:
+    ro = boltrl.run_rollout(agent, {}, backend=ScriptedBackend(REACT_SCRIPT))
+    assert ro.error is None
+    tc = tool_call("call_0_0", "add", '{"a": 2, "b": 3}')
+    asked = {"role": "assistant", "content": None, "tool_calls": [tc]}
+    answered = {"role": "tool", "content": "5", "tool_call_id": "call_0_0"}
+    named = {**asked, "name": "converter"}  # the agent names its replies in the history
+    calls = [
+        call(
+            "call-0",
+            agent="converter",
+            parent="run-0",
+            messages=[USER],
+            tools=[ADD],
+            response=reply(None, [tc]),
+        ),
+        call(
+            "call-1",
+            agent="converter",
+            parent="run-1",
+            messages=[USER, named, answered],
+            tools=[ADD],
+            response=reply("It is 5."),
+        ),
+    ]
+    assert normalize(ro) == {
+        "status": "succeeded",
+        "reward": 1.0,
+        "unjoined_calls": 0,
+        "calls": calls,
+        "annotations": [
+            annotation(calls[0], span="run-2", index=0, call_id="call-0", framework="langchain"),
+            annotation(calls[1], span="run-3", index=2, call_id="call-1", framework="langchain"),
+        ],
+        "tool_steps": [
+            tool_step(
+                "add",
+                {"a": 2, "b": 3},
+                index=1,
+                result="5",
+                parent="call-0",
+                call_id="call-0",
+                tool_call_id="call_0_0",
+                agent="converter",
+            ),
+        ],
+        "rewards": [],
+    }
+
+
+def _team(llm: LLM, converter: Any) -> CompiledStateGraph:  # type: ignore[type-arg]
+    """converter (a ReAct agent as a node), then writer (a plain node calling the model)."""
+    m = model(llm)
+    g = StateGraph(MessagesState)
+    if isinstance(converter, CompiledStateGraph):
+        g.add_node(converter)  # a subgraph node takes the graph's name
+    else:
+        g.add_node("step", converter)
+    g.add_node("writer", lambda s: {"messages": [m.invoke(s["messages"])]})
+    first = "converter" if isinstance(converter, CompiledStateGraph) else "step"
+    g.add_edge(START, first)
+    g.add_edge(first, "writer")
+    g.add_edge("writer", END)
+    return g.compile()
+
+
+def react_as_subgraph(task: JSON, llm: LLM) -> float:
+    _team(llm, react_agent(llm)).invoke(INPUT, config={"callbacks": [BoltrlCallbackHandler()]})
+    return 1.0
+
+
+def react_in_a_node(task: JSON, llm: LLM) -> float:
+    inner = react_agent(llm)
+    team = _team(llm, lambda s: inner.invoke(s))
+    team.invoke(INPUT, config={"callbacks": [BoltrlCallbackHandler()]})
+    return 1.0
+
+
+@pytest.mark.parametrize("agent", [react_as_subgraph, react_in_a_node], ids=["node", "nested"])
+def test_create_react_agent_in_a_graph_keeps_its_name(agent: Any) -> None:
+    script = [*REACT_SCRIPT, "Answer: 5"]
+    ro = boltrl.run_rollout(agent, {}, backend=ScriptedBackend(script))
+    assert ro.error is None
+    got = normalize(ro)
+    assert [(c["id"], c["agent"]) for c in got["calls"]] == [
+        ("call-0", "converter"),
+        ("call-1", "converter"),
+        ("call-2", "writer"),
+    ]
+    assert [a["agent"] for a in got["annotations"]] == ["converter", "converter", "writer"]
+    assert [(t["name"], t["agent"], t["call_id"]) for t in got["tool_steps"]] == [
+        ("add", "converter", "call-0")
+    ]
+    assert got["unjoined_calls"] == 0
+
+
+def unnamed_react(task: JSON, llm: LLM) -> float:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from langgraph.prebuilt import create_react_agent
+
+        agent = create_react_agent(model(llm), [add])
+    agent.invoke(INPUT, config={"callbacks": [BoltrlCallbackHandler()]})
+    return 1.0
+
+
+def test_an_unnamed_react_agent_keeps_the_node_name() -> None:
+    ro = boltrl.run_rollout(unnamed_react, {}, backend=ScriptedBackend(REACT_SCRIPT))
+    assert ro.error is None
+    assert [c.agent for c in ro.calls] == ["agent", "agent"]

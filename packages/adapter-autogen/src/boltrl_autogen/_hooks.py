@@ -46,15 +46,12 @@ FRAMEWORK = "autogen"
 
 
 _counters = Counters("boltrl_autogen", log, "calls", "tool_steps")
-_count = _counters.count
-_guard = _counters.guard
 _field = _counters.field
 
 
-def stats() -> dict[str, int]:
-    """Counters since import: ``calls`` and ``tool_steps`` recorded, ``failures`` (a hook
-    that could not record; logged) and ``field_failures`` (one field left empty)."""
-    return _counters.snapshot()
+stats = _counters.snapshot
+"""Counters since import: ``calls`` and ``tool_steps`` recorded, ``failures`` (a hook
+that could not record; logged) and ``field_failures`` (one field left empty)."""
 
 
 @dataclass(slots=True)
@@ -91,14 +88,15 @@ _span_numbers = itertools.count()
 name the streamed call that asked for them before its response id is known."""
 
 _STACK_DEPTH = 60
-_AGENT_FRAMES = frozenset({"_call_llm"})
+_AGENT_FRAMES = frozenset({"_call_llm", "_reflect_on_tool_use_flow"})
 
 
 def _agent_from_stack() -> str | None:
     """Outside a runtime (an agent run on its own) events carry no agent id; AgentChat's
-    AssistantAgent calls its model from ``_call_llm(..., agent_name, ...)``, which is on
-    the stack while the event is logged. (Its tools run in tasks of their own: a tool
-    event's stack does not reach the agent.)"""
+    AssistantAgent calls its model from ``_call_llm(..., agent_name, ...)``, and with
+    ``reflect_on_tool_use=True`` once more from ``_reflect_on_tool_use_flow(...,
+    agent_name, ...)``; the frame is on the stack while the event is logged. (Its tools
+    run in tasks of their own: a tool event's stack does not reach the agent.)"""
     frame: FrameType | None = sys._getframe(1)
     for _ in range(_STACK_DEPTH):
         if frame is None:
@@ -142,7 +140,7 @@ class BoltrlEventHandler(logging.Handler):
         self.emit(record)
         return True
 
-    @_guard(lambda _self, record: f"recording a {type(record.msg).__name__}")
+    @_counters.guard(lambda _self, record: f"recording a {type(record.msg).__name__}")
     def emit(self, record: logging.LogRecord) -> None:
         ctx = current()
         if ctx is None:
@@ -184,7 +182,7 @@ class BoltrlEventHandler(logging.Handler):
                 response=None if message is None else {"message": message},
             )
         )
-        _count("calls")
+        _counters.count("calls")
         st = self._state(ctx)
         for tc_id in _field(cv.tool_call_ids, message) or ():
             st.asked_by[tc_id] = (call_id, span_id)
@@ -271,7 +269,7 @@ class BoltrlEventHandler(logging.Handler):
                 ended_at=at,
             )
         )
-        _count("tool_steps")
+        _counters.count("tool_steps")
 
     def _tool_request(self, event: ToolCallRequestEvent, ctx: RolloutContext, at: float) -> None:
         st = self._state(ctx)

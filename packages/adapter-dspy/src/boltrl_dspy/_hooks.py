@@ -40,16 +40,13 @@ _MAX_OPEN = 10_000
 """Open module / LM / tool calls kept per callback; beyond it the oldest go."""
 
 _counters = Counters("boltrl_dspy", log, "calls", "cached_calls", "tool_steps")
-_count = _counters.count
-_guard = _counters.guard
 _field = _counters.field
 
 
-def stats() -> dict[str, int]:
-    """Counters since import: ``calls`` recorded (``cached_calls``: DSPy cache hits,
-    recorded apart), ``tool_steps``, ``failures`` (a hook that could not record; logged)
-    and ``field_failures`` (one field left empty)."""
-    return _counters.snapshot()
+stats = _counters.snapshot
+"""Counters since import: ``calls`` recorded (``cached_calls``: DSPy cache hits,
+recorded apart), ``tool_steps``, ``failures`` (a hook that could not record; logged)
+and ``field_failures`` (one field left empty)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -125,7 +122,7 @@ class BoltrlCallback(BaseCallback):  # type: ignore[misc]  # dspy ships no type 
 
     # -- modules -------------------------------------------------------------------------
 
-    @_guard()
+    @_counters.guard()
     def on_module_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
         if current() is None:
             return
@@ -140,7 +137,7 @@ class BoltrlCallback(BaseCallback):  # type: ignore[misc]  # dspy ships no type 
         if len(frames) > _MAX_OPEN:
             self._evict(frames)
 
-    @_guard()
+    @_counters.guard()
     def on_module_end(
         self, call_id: str, outputs: Any | None, exception: Exception | None = None
     ) -> None:
@@ -148,7 +145,7 @@ class BoltrlCallback(BaseCallback):  # type: ignore[misc]  # dspy ships no type 
 
     # -- LM calls ------------------------------------------------------------------------
 
-    @_guard()
+    @_counters.guard()
     def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
         ctx = current()
         if ctx is None:
@@ -166,7 +163,7 @@ class BoltrlCallback(BaseCallback):  # type: ignore[misc]  # dspy ships no type 
         if len(self._open.calls) > _MAX_OPEN:
             self._evict(self._open.calls)
 
-    @_guard()
+    @_counters.guard()
     def on_lm_end(
         self, call_id: str, outputs: Any | None, exception: Exception | None = None
     ) -> None:
@@ -201,7 +198,7 @@ class BoltrlCallback(BaseCallback):  # type: ignore[misc]  # dspy ships no type 
             cached=cached,
         )
         call.ctx.add(ann)
-        _count("cached_calls" if cached else "calls")
+        _counters.count("cached_calls" if cached else "calls")
         caller = _Caller(span_id, rid, call.agent)
         frame = call.frame
         while frame is not None:  # the module that runs a tool next asked for it
@@ -225,7 +222,7 @@ class BoltrlCallback(BaseCallback):  # type: ignore[misc]  # dspy ships no type 
 
     # -- tools ---------------------------------------------------------------------------
 
-    @_guard()
+    @_counters.guard()
     def on_tool_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
         ctx = current()
         if ctx is None:
@@ -243,7 +240,7 @@ class BoltrlCallback(BaseCallback):  # type: ignore[misc]  # dspy ships no type 
         if len(self._open.tools) > _MAX_OPEN:
             self._evict(self._open.tools)
 
-    @_guard()
+    @_counters.guard()
     def on_tool_end(
         self, call_id: str, outputs: Any | None, exception: BaseException | None = None
     ) -> None:
@@ -267,7 +264,7 @@ class BoltrlCallback(BaseCallback):  # type: ignore[misc]  # dspy ships no type 
             ended_at=time.time(),
         )
         tool.ctx.add(step)
-        _count("tool_steps")
+        _counters.count("tool_steps")
 
     def _evict(self, runs: dict[str, Any]) -> None:
         with self._lock:

@@ -128,16 +128,36 @@ def is_cache_hit(result: LLMResult) -> bool:
     return "total_cost" in usage and usage["total_cost"] == 0
 
 
+REACT_MODEL_NODE = "agent"
+"""The node ``langgraph.prebuilt.create_react_agent`` calls its model from."""
+DEFAULT_GRAPH_NAME = "LangGraph"
+"""The name of a compiled graph that was given none."""
+
+
 def agent_name(
-    metadata: Mapping[str, Any] | None, name: str | None, serialized: Mapping[str, Any] | None
+    metadata: Mapping[str, Any] | None,
+    name: str | None,
+    serialized: Mapping[str, Any] | None,
+    graph: str | None = None,
 ) -> str | None:
     """The agent/role of a run: ``metadata["boltrl_agent"]`` if the user set one, else the
-    ``create_agent`` name (``lc_agent_name``), else the LangGraph node, else the run name."""
+    ``create_agent`` name (``lc_agent_name``), else the LangGraph node, else the run name.
+
+    A node named ``agent`` (the prebuilt ReAct agent's model node,
+    ``create_react_agent(..., name="converter")``) in a graph with a name of its own
+    (``graph``, the name of the graph whose node made the call) is that graph: the node's
+    name says nothing, the graph's is the one the user gave the agent.
+    """
     md = metadata or {}
-    for key in ("boltrl_agent", "lc_agent_name", "langgraph_node"):
+    for key in ("boltrl_agent", "lc_agent_name"):
         v = md.get(key)
         if isinstance(v, str) and v:
             return v
+    node = md.get("langgraph_node")
+    if isinstance(node, str) and node:
+        if node == REACT_MODEL_NODE and graph and graph != DEFAULT_GRAPH_NAME:
+            return graph
+        return node
     return name or serialized_name(serialized)
 
 

@@ -37,16 +37,13 @@ _MAX_OPEN = 10_000
 """Open runs / remembered tool-call ids kept per handler; beyond it the oldest go."""
 
 _counters = Counters("boltrl_langchain", log, "calls", "cached_calls", "tool_steps")
-_count = _counters.count
-_guard = _counters.guard
 _field = _counters.field
 
 
-def stats() -> dict[str, int]:
-    """Counters since import: ``calls`` recorded (``cached_calls``: LangChain cache hits,
-    recorded apart), ``tool_steps``, ``failures`` (a hook that could not record; logged)
-    and ``field_failures`` (one field left empty)."""
-    return _counters.snapshot()
+stats = _counters.snapshot
+"""Counters since import: ``calls`` recorded (``cached_calls``: LangChain cache hits,
+recorded apart), ``tool_steps``, ``failures`` (a hook that could not record; logged)
+and ``field_failures`` (one field left empty)."""
 
 
 def _tool_name(serialized: Mapping[str, Any] | None, kwargs: Mapping[str, Any]) -> str:
@@ -56,6 +53,21 @@ def _tool_name(serialized: Mapping[str, Any] | None, kwargs: Mapping[str, Any]) 
 
 def _str(run_id: UUID | None) -> str | None:
     return None if run_id is None else str(run_id)
+
+
+_NODE_TAG = "graph:step:"
+"""The tag LangGraph gives the run of each node it executes."""
+_MAX_DEPTH = 32
+"""Runs between a model call and its graph node (LangGraph nests a few: 3 for the
+prebuilt ReAct agent)."""
+
+
+@dataclass(slots=True, frozen=True)
+class _Chain:
+    parent: UUID | None
+    name: str | None
+    node: bool
+    """A LangGraph node's run (its parent is the graph's run)."""
 
 
 @dataclass(slots=True)
@@ -103,14 +115,12 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
         self._calls: dict[UUID, _OpenCall] = {}
         self._tools: dict[UUID, _OpenTool] = {}
         self._requesters: OrderedDict[tuple[str, int, str], _Requester] = OrderedDict()
+        self._chains: dict[UUID, _Chain] = {}
         self._lock = threading.Lock()
 
-    # Chain, retriever, retry and custom events carry nothing we record; skipping them
-    # saves a dispatch per event. (Tool events ride on ``ignore_agent``: keep it False.)
-    @property
-    def ignore_chain(self) -> bool:
-        return True
-
+    # Retriever, retry and custom events carry nothing we record; skipping them saves a
+    # dispatch per event. (Tool events ride on ``ignore_agent``: keep it False.) Chain
+    # events give the run tree its names: a LangGraph graph's name is only there.
     @property
     def ignore_retriever(self) -> bool:
         return True
@@ -123,9 +133,52 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
     def ignore_custom_event(self) -> bool:
         return True
 
+    # -- chains: only their names and places in the run tree ----------------------------
+
+    @_counters.guard()
+    def on_chain_start(
+        self,
+        serialized: dict[str, Any] | None,
+        inputs: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if current() is None:
+            return
+        name = kwargs.get("name")
+        node = any(t.startswith(_NODE_TAG) for t in tags or ())
+        self._chains[run_id] = _Chain(parent_run_id, name if isinstance(name, str) else None, node)
+        if len(self._chains) > _MAX_OPEN:
+            self._evict(self._chains)
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._chains.pop(run_id, None)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._chains.pop(run_id, None)
+
+    def _graph_name(self, parent_run_id: UUID | None) -> str | None:
+        """The name of the LangGraph graph whose node made a run (the run under
+        ``parent_run_id``): up the run tree to the first graph node, then its parent."""
+        chains = self._chains
+        run = parent_run_id
+        for _ in range(_MAX_DEPTH):
+            chain = chains.get(run) if run is not None else None
+            if chain is None:
+                return None
+            if chain.node:
+                graph = chains.get(chain.parent) if chain.parent is not None else None
+                return graph.name if graph is not None else None
+            run = chain.parent
+        return None
+
     # -- model calls ---------------------------------------------------------------------
 
-    @_guard()
+    @_counters.guard()
     def on_chat_model_start(
         self,
         serialized: dict[str, Any],
@@ -143,7 +196,7 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
         prompt = messages[0] if messages else []
         self._open_call(ctx, prompt, run_id, parent_run_id, metadata, serialized, kwargs)
 
-    @_guard()
+    @_counters.guard()
     def on_llm_start(
         self,
         serialized: dict[str, Any],
@@ -174,13 +227,19 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
         self._calls[run_id] = _OpenCall(
             ctx=ctx,
             parent_id=_str(parent_run_id),
-            agent=_field(cv.agent_name, metadata, kwargs.get("name"), serialized),
+            agent=_field(
+                cv.agent_name,
+                metadata,
+                kwargs.get("name"),
+                serialized,
+                self._graph_name(parent_run_id),
+            ),
             messages=_field(cv.messages_to_openai, prompt),
         )
         if len(self._calls) > _MAX_OPEN:
             self._evict(self._calls)
 
-    @_guard()
+    @_counters.guard()
     def on_llm_end(
         self,
         response: LLMResult,
@@ -194,7 +253,7 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
             return
         self._close_call(call, run_id, response, None)
 
-    @_guard()
+    @_counters.guard()
     def on_llm_error(
         self,
         error: BaseException,
@@ -237,7 +296,7 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
             cached=cached,
         )
         call.ctx.add(ann)
-        _count("cached_calls" if cached else "calls")
+        _counters.count("cached_calls" if cached else "calls")
         message = (response or {}).get("message") or {}
         for tc in message.get("tool_calls") or ():
             tcid = tc.get("id") if isinstance(tc, dict) else None
@@ -268,7 +327,7 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
 
     # -- tools ---------------------------------------------------------------------------
 
-    @_guard()
+    @_counters.guard()
     def on_tool_start(
         self,
         serialized: dict[str, Any],
@@ -297,7 +356,7 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
         if len(self._tools) > _MAX_OPEN:
             self._evict(self._tools)
 
-    @_guard()
+    @_counters.guard()
     def on_tool_end(
         self,
         output: Any,
@@ -312,7 +371,7 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
         result = _field(cv.tool_result, output)
         self._close_tool(run_id, tool, result, None, _field(cv.tool_call_id_of, output))
 
-    @_guard()
+    @_counters.guard()
     def on_tool_error(
         self,
         error: BaseException,
@@ -353,7 +412,7 @@ class BoltrlCallbackHandler(BaseCallbackHandler):
             ended_at=time.time(),
         )
         tool.ctx.add(step)
-        _count("tool_steps")
+        _counters.count("tool_steps")
 
 
 # -- global install ----------------------------------------------------------------------

@@ -48,15 +48,12 @@ FRAMEWORK = "openai-agents"
 _UNKNOWN: Any = object()
 
 _counters = Counters("boltrl_openai_agents", log, "calls", "tool_steps")
-_count = _counters.count
-_guard = _counters.guard
 _field = _counters.field
 
 
-def stats() -> dict[str, int]:
-    """Counters since import: ``calls`` and ``tool_steps`` recorded, ``failures`` (a hook
-    that could not record; logged) and ``field_failures`` (one field left empty)."""
-    return _counters.snapshot()
+stats = _counters.snapshot
+"""Counters since import: ``calls`` and ``tool_steps`` recorded, ``failures`` (a hook
+that could not record; logged) and ``field_failures`` (one field left empty)."""
 
 
 @dataclass(slots=True)
@@ -120,13 +117,13 @@ class BoltrlTracingProcessor(TracingProcessor):
 
     # -- traces ---------------------------------------------------------------------
 
-    @_guard()
+    @_counters.guard()
     def on_trace_start(self, trace: Trace) -> None:
         ctx = current() if self._enabled else None
         if ctx is not None:
             self._traces[trace.trace_id] = _Trace(ctx)
 
-    @_guard()
+    @_counters.guard()
     def on_trace_end(self, trace: Trace) -> None:
         t = self._traces.pop(trace.trace_id, None)
         if t is not None:
@@ -135,7 +132,7 @@ class BoltrlTracingProcessor(TracingProcessor):
 
     # -- spans ----------------------------------------------------------------------
 
-    @_guard()
+    @_counters.guard()
     def on_span_start(self, span: Span[Any]) -> None:
         parent = self._spans.get(span.parent_id) if span.parent_id else None
         trace = self._traces.get(span.trace_id)
@@ -158,7 +155,7 @@ class BoltrlTracingProcessor(TracingProcessor):
         if trace is not None:
             trace.spans.add(span.span_id)
 
-    @_guard(lambda _self, span: f"recording a {type(span.span_data).__name__}")
+    @_counters.guard(lambda _self, span: f"recording a {type(span.span_data).__name__}")
     def on_span_end(self, span: Span[Any]) -> None:
         st = self._spans.pop(span.span_id, None)
         if st is None:
@@ -201,7 +198,7 @@ class BoltrlTracingProcessor(TracingProcessor):
                 response=None if message is None else {"message": message},
             )
         )
-        _count("calls")
+        _counters.count("calls")
         if st.parent is not None:
             tool_calls: list[JSON] = _field(cv.tool_calls_of, message) or []
             st.parent.call = _Call(span.span_id, call_id, tool_calls)
@@ -249,7 +246,7 @@ class BoltrlTracingProcessor(TracingProcessor):
                 ended_at=_field(cv.span_time, span.ended_at) or 0.0,
             )
         )
-        _count("tool_steps")
+        _counters.count("tool_steps")
 
     def _function(self, span: Span[Any], data: FunctionSpanData, st: _Open) -> None:
         call = st.parent.call if st.parent is not None else None
