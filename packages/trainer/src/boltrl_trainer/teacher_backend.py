@@ -37,6 +37,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from boltrl._common import JSON
 from boltrl.errors import BackendError, InvalidInput
 from boltrl.gateway.backend import Backend, Generation, GenerationRequest
 from boltrl.records import Task
@@ -45,7 +46,6 @@ from boltrl_trainer import _chat
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 
 __all__ = [
     "FunctionTeacher",
