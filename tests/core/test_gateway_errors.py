@@ -197,7 +197,8 @@ def test_unparseable_body_is_400(
     message: str,
 ) -> None:
     for path in ("chat/completions", "responses"):
-        r = _post_unchanged(gateway, store, backend, rollout_id, path, content=raw)
+        headers = {"content-type": "application/json"}  # a JSON body, just not parseable
+        r = _post_unchanged(gateway, store, backend, rollout_id, path, content=raw, headers=headers)
         assert r.status_code == 400
         error = r.json()["error"]
         assert message in error["message"] and error["param"] is None

@@ -260,7 +260,8 @@ def test_http_errors_are_4xx_json(served: Opened) -> None:
     ]
     for method, path, body, status, code, text in cases:
         kw: dict[str, Any] = {"content": body} if isinstance(body, bytes) else {"json": body}
-        resp = httpx.request(method, url + path, headers=auth, **kw)
+        headers = {**auth, "content-type": "application/json"}  # declared JSON, not parseable
+        resp = httpx.request(method, url + path, headers=headers, **kw)
         assert resp.status_code == status, (path, resp.text)
         err = resp.json()["error"]
         assert err["code"] == code and text in err["message"], (path, err)

@@ -327,6 +327,10 @@ def test_workers_from_attempts_and_the_store(served: Served, filled: Filled) -> 
         ("/api/rollouts?limit=0", 400, "invalid_input"),
         ("/api/rollouts?limit=abc", 400, "invalid_input"),
         ("/api/rollouts?offset=-1", 400, "invalid_input"),
+        ("/api/rollouts?offset=99999999999999999999999", 400, "invalid_input"),
+        ("/api/rollouts?limit=99999999999999999999999", 400, "invalid_input"),
+        ("/api/rollouts/ro-nope?gamma=nan", 400, "invalid_input"),
+        ("/api/rollouts/ro-nope?gamma=1e999", 400, "invalid_input"),
     ],
 )
 def test_bad_requests_get_clear_errors(served: Served, path: str, status: int, code: str) -> None:

@@ -17,23 +17,29 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Collection
 from http.cookies import SimpleCookie
-from typing import Any
-
-import uvicorn
-from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from typing import TYPE_CHECKING, Any
 
 from boltrl.errors import BoltrlError, InvalidInput, Unauthorized
+
+if TYPE_CHECKING:  # the error classes are imported by clients, which need no server
+    import uvicorn
+    from starlette.responses import Response
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 """Host names a loopback server answers to when no other names are allowed."""
+
+MAX_BODY_BYTES = 64 * 2**20
+"""Default cap on a request body for the store server and the gateway (413 beyond it);
+each takes ``max_body_bytes`` (the CLIs ``--max-body-mb``) to change it."""
 
 
 class BadHost(InvalidInput):
@@ -70,9 +76,35 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_exposure(host: str, token: str | None) -> None:
-    """Refuse to serve beyond loopback without a token: anyone who can reach the
-    address could drive the server. Raises ``InvalidInput`` naming the host."""
+def check_token(name: str, token: str | None) -> str | None:
+    """``token`` unless it is empty or blank (``InvalidInput`` naming ``name``): an empty
+    token must never quietly mean "no authentication"."""
+    if token is not None and (not isinstance(token, str) or not token.strip()):
+        raise InvalidInput(
+            f"{name}: an empty token is not a token; pass a non-empty one, or none to serve "
+            "without (loopback only)"
+        )
+    return token
+
+
+STORE_TOKEN_ENV = ("BOLTRL_STORE_TOKEN", "BOLTRL_TOKEN")
+"""Where CLIs that name a remote store find its token by default, in this order
+(``BOLTRL_TOKEN`` is also what ``boltrl store serve`` reads for its own)."""
+
+
+def env_token() -> str | None:
+    """The store token from the environment (``STORE_TOKEN_ENV``), or None."""
+    for name in STORE_TOKEN_ENV:
+        value = os.environ.get(name)
+        if value is not None:
+            return value
+    return None
+
+
+def check_exposure(host: str, token: str | None, name: str = "token") -> None:
+    """Refuse an empty token, and to serve beyond loopback without a token: anyone who
+    can reach the address could drive the server. Raises ``InvalidInput``."""
+    check_token(name, token)
     if token is None and not is_loopback(host):
         raise InvalidInput(
             f"host: refusing to serve on {host!r} without a token; pass a token (--token), "
@@ -149,7 +181,7 @@ class Guard:
     ) -> None:
         self.app = app
         self._reject = reject
-        self._token = token
+        self._token = check_token("token", token)
         self._hint = token_hint
         self._cookie = cookie
         self._protected = protected
@@ -250,6 +282,8 @@ def _cookie(header: str, name: str) -> str:
 
 
 def _config(app: ASGIApp, log_level: str, graceful_s: float) -> uvicorn.Config:
+    import uvicorn
+
     return uvicorn.Config(
         app,
         log_level=log_level,
@@ -279,6 +313,8 @@ class ServerThread:
         log_level: str = "warning",
         graceful_s: float = 2,
     ) -> None:
+        import uvicorn
+
         self.sock = sock
         self.url = url_of(sock)
         self._server = uvicorn.Server(_config(app, log_level, graceful_s))
@@ -321,6 +357,7 @@ def serve_forever(
 ) -> None:
     """Serve ``app`` from ``sock`` in the foreground until SIGINT/SIGTERM; ``on_exit`` runs
     when the signal arrives (end live streams there, or shutdown waits for them)."""
+    import uvicorn
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:

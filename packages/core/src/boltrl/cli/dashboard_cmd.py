@@ -7,6 +7,7 @@ import os
 import sys
 from typing import Any
 
+from boltrl._serving import env_token
 from boltrl.cli import Commands
 from boltrl.errors import BoltrlError
 
@@ -32,8 +33,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--store-token",
-        default=os.environ.get("BOLTRL_TOKEN"),
-        help="bearer token of a served store (default: $BOLTRL_TOKEN)",
+        default=env_token(),
+        help="bearer token of a served store (default: $BOLTRL_STORE_TOKEN, else $BOLTRL_TOKEN)",
     )
     p.add_argument(
         "--tokenizer",

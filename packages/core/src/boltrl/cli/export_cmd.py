@@ -4,11 +4,11 @@ as JSON lines / Parquet."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from typing import TYPE_CHECKING
 
+from boltrl._serving import env_token
 from boltrl.cli import Commands
 from boltrl.errors import BoltrlError
 
@@ -29,8 +29,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", required=True, help="store URL (sqlite:///path.db is read read-only)")
     p.add_argument(
         "--store-token",
-        default=os.environ.get("BOLTRL_TOKEN"),
-        help="bearer token of a served store (default: $BOLTRL_TOKEN)",
+        default=env_token(),
+        help="bearer token of a served store (default: $BOLTRL_STORE_TOKEN, else $BOLTRL_TOKEN)",
     )
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument(

@@ -9,6 +9,7 @@ import signal
 import threading
 from typing import Any
 
+from boltrl._serving import MAX_BODY_BYTES, check_exposure, env_token
 from boltrl.cli import Commands
 
 
@@ -32,12 +33,23 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="store URL to record rollout calls in (memory://, sqlite:///PATH, "
         "http://HOST:PORT); without it calls are served, not recorded",
     )
+    s.add_argument(
+        "--store-token",
+        default=env_token(),
+        help="bearer token of a served store (default: $BOLTRL_STORE_TOKEN, else $BOLTRL_TOKEN)",
+    )
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=0, help="port (default: a free one)")
     s.add_argument(
         "--token",
         default=os.environ.get("BOLTRL_GATEWAY_TOKEN"),
         help="API key clients must send; required off loopback (default: $BOLTRL_GATEWAY_TOKEN)",
+    )
+    s.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=MAX_BODY_BYTES / 2**20,
+        help=f"largest request body accepted, in MiB (default {MAX_BODY_BYTES // 2**20})",
     )
     s.add_argument(
         "--policy-version",
@@ -52,10 +64,15 @@ def _serve(args: argparse.Namespace) -> int:
     from boltrl.gateway.upstream import UpstreamBackend
 
     store: Any = None
-    if args.store:
-        from boltrl.store import open_store
+    try:
+        check_exposure(args.host, args.token)
+        if args.store:
+            from boltrl.store import open_store
 
-        store = open_store(args.store)
+            store = open_store(args.store, token=args.store_token)
+    except ValueError as e:
+        print(f"boltrl gateway: {e}", flush=True)
+        return 2
     backend = UpstreamBackend(
         args.upstream, args.model, args.api_key, policy_version=args.policy_version
     )
@@ -63,8 +80,17 @@ def _serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        gateway = Gateway(backend, store, host=args.host, port=args.port, token=args.token)
+        gateway = Gateway(
+            backend,
+            store,
+            host=args.host,
+            port=args.port,
+            token=args.token,
+            max_body_bytes=int(args.max_body_mb * 2**20),
+        )
     except ValueError as e:
+        if store is not None:
+            store.close()
         print(f"boltrl gateway: {e}", flush=True)
         return 2
     with gateway:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from boltrl._serving import env_token
 from boltrl.cli import Commands
 
 
@@ -11,7 +12,13 @@ def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", required=True, help="store URL: http://host:port, sqlite:///x.db")
     p.add_argument("--agent", required=True, help="the agent: module:function or file.py:function")
     p.add_argument("--concurrency", type=int, default=1, help="rollouts run at once (default 1)")
-    p.add_argument("--token", default=None, help="store token, if the store requires one")
+    p.add_argument(
+        "--store-token",
+        "--token",
+        dest="store_token",
+        default=env_token(),
+        help="bearer token of a served store (default: $BOLTRL_STORE_TOKEN, else $BOLTRL_TOKEN)",
+    )
     p.add_argument("--worker-id", default=None, help="worker id shown in the store")
     p.add_argument("--lease", type=float, default=30.0, help="lease seconds (default 30)")
     p.add_argument("--max-rollouts", type=int, default=None, help="stop after this many")
@@ -26,7 +33,7 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         agent = load_object(args.agent, what="--agent")
-        store = open_store(args.store, token=args.token)
+        store = open_store(args.store, token=args.store_token)
     except BoltrlError as e:
         print(f"boltrl runner: {e}")
         return 2

@@ -36,6 +36,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="bearer token clients must send (default: $BOLTRL_TOKEN); required off loopback",
     )
     serve.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=64.0,
+        help="largest request body accepted, in MiB (default 64; larger ones get a 413)",
+    )
+    serve.add_argument(
         "--synchronous",
         default="NORMAL",
         choices=["NORMAL", "FULL"],
@@ -52,8 +58,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     # Imported here: the server pulls in FastAPI/uvicorn, which other commands don't need.
-    from boltrl.store import MemoryStore, SqliteStore, Store
     from boltrl._serving import check_exposure
+    from boltrl.store import MemoryStore, SqliteStore, Store
     from boltrl.store.server import serve
 
     try:
@@ -83,7 +89,14 @@ def _run(args: argparse.Namespace) -> int:
         print(f"boltrl store: serving {args.db} on {url}{auth}", flush=True)
 
     try:
-        serve(store, host=args.host, port=args.port, token=args.token, on_ready=ready)
+        serve(
+            store,
+            host=args.host,
+            port=args.port,
+            token=args.token,
+            on_ready=ready,
+            max_body_bytes=int(args.max_body_mb * 2**20),
+        )
     except OSError as e:
         print(f"boltrl store serve: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 1

@@ -24,7 +24,7 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 from starlette.responses import StreamingResponse
 
-from boltrl._serving import Guard
+from boltrl._serving import Guard, check_token
 from boltrl.credit import CreditConfig
 from boltrl.dashboard.detail import rollout_detail
 from boltrl.dashboard.events import Hub
@@ -35,6 +35,7 @@ from boltrl.dashboard.tokens import TokenDecoder, token_view
 from boltrl.dashboard.views import rollouts_page, workers_view
 from boltrl.errors import BoltrlError, InvalidInput, NotFound
 from boltrl.store import _wire
+from boltrl.store._checks import MAX_INT
 from boltrl.store.base import Store
 from boltrl.store.server import install_error_handlers
 
@@ -90,8 +91,8 @@ def _filters(status: str | None, run: str | None, agent: str | None, task: str |
 def _page_args(limit: int, offset: int) -> tuple[int, int]:
     if not 1 <= limit <= _MAX_LIMIT:
         raise InvalidInput(f"limit: must be between 1 and {_MAX_LIMIT}, got {limit}")
-    if offset < 0:
-        raise InvalidInput(f"offset: must be >= 0, got {offset}")
+    if not 0 <= offset <= MAX_INT:  # beyond it SQLite overflows
+        raise InvalidInput(f"offset: must be between 0 and {MAX_INT}, got {offset}")
     return limit, offset
 
 
@@ -190,6 +191,7 @@ def create_dashboard_app(
     tokenizer to decode response tokens with (optional). ``allowed_hosts``, when set,
     are the only ``Host`` names served (see ``boltrl._serving.Guard``).
     """
+    check_token("token", token)  # at once: middleware is built on the first request
     source = store if isinstance(store, _SourceLike) else source_for(store)
     dash = Dashboard(source, tokenizer=tokenizer, poll_s=poll_s)
     app = FastAPI(title="boltrl dashboard", docs_url=None, redoc_url=None, openapi_url=None)

@@ -11,6 +11,7 @@ from typing import Any
 
 from boltrl._common import JSON
 from boltrl.gateway._errors import RequestError
+from boltrl.store._checks import MAX_INT
 
 
 def json_type(value: Any) -> str:
@@ -54,8 +55,9 @@ def opt_number(
     return v
 
 
-def opt_int(body: JSON, key: str, *, lo: int | None = None) -> int | None:
-    """An optional integer, at least ``lo``."""
+def opt_int(body: JSON, key: str, *, lo: int | None = None, hi: int = MAX_INT) -> int | None:
+    """An optional integer, at least ``lo``, at most ``hi`` (by default what a record can
+    hold: a larger one would be served but not recorded)."""
     value = body.get(key)
     if value is None:
         return None
@@ -64,6 +66,8 @@ def opt_int(body: JSON, key: str, *, lo: int | None = None) -> int | None:
     v: int = expect(value, int, key, "an integer")
     if lo is not None and v < lo:
         raise RequestError(f"'{key}' must be at least {lo}, got {v}", key)
+    if v > hi:
+        raise RequestError(f"'{key}' must be at most {hi}, got {v}", key)
     return v
 
 

@@ -77,7 +77,8 @@ def tool_call(raw: Any, param: str) -> JSON:
 def message(raw: Any, param: str) -> JSON:
     """One chat message in normal form."""
     expect(raw, dict, param, "an object")
-    role = _ROLES.get(raw.get("role"))
+    given = raw.get("role")
+    role = _ROLES.get(given) if isinstance(given, str) else None
     if role is None:
         raise RequestError(
             f"'{param}.role' must be one of system, developer, user, assistant, tool; "

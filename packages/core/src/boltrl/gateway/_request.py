@@ -9,6 +9,7 @@ from boltrl._common import JSON
 from boltrl.gateway._errors import RequestError
 from boltrl.gateway._json import loads
 from boltrl.gateway.backend import GenerationRequest
+from boltrl.store._checks import find_unreadable
 
 
 @dataclass(slots=True)
@@ -49,11 +50,16 @@ class ParsedCall:
 
 
 def read_body(raw: bytes) -> JSON:
-    """The request body as a JSON object; a ``RequestError`` (400) when it is not one."""
+    """The request body as a JSON object; a ``RequestError`` (400) when it is not one, or
+    holds what a record could not read back (``store._checks.check_readable``: NaN or
+    ±inf, integers beyond int64, nesting deeper than ``MAX_DEPTH``), naming the field."""
     try:
         body = loads(raw)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise RequestError(f"the request body is not valid JSON: {e}", None) from e
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object", None)
+    problem = find_unreadable("", body)
+    if problem is not None:
+        raise RequestError(problem[1], problem[0] or None)
     return body

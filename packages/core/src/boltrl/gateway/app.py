@@ -33,14 +33,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from boltrl._common import JSON
-from boltrl._serving import Guard
+from boltrl._serving import MAX_BODY_BYTES, Guard, check_token
 from boltrl.errors import BackendUnavailable, BoltrlError, Unauthorized
 from boltrl.gateway import chat, responses
 from boltrl.gateway._errors import RequestError, error_body
 from boltrl.gateway._json import dumps
 from boltrl.gateway._request import ParsedCall, read_body
 from boltrl.gateway.backend import Backend, Generation
-from boltrl.gateway.recording import Recorder
+from boltrl.gateway.recording import Recorder, check_generation
 from boltrl.records import Attempt
 from boltrl.store.base import Store
 
@@ -98,7 +98,7 @@ class _Handlers:
         call_id = api.prefix + uuid.uuid4().hex
         started = time.time()
         try:
-            gen = await self.backend.generate(call.request)
+            gen = check_generation(await self.backend.generate(call.request))
         except Exception as e:
             return await self._failed(call_id, attempt, call, e, started)
         ended = time.time()
@@ -202,15 +202,23 @@ def create_gateway_app(
     *,
     token: str | None = None,
     allowed_hosts: Collection[str] | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     """The gateway as an ASGI app (mount it anywhere; ``Gateway`` serves it standalone).
 
     ``store`` None serves rollout routes without recording them (the rollout id still
     reaches the backend). ``token``, when set, is required as ``Authorization: Bearer``
     (OpenAI clients send their ``api_key`` that way) on every route but ``/health``.
-    ``allowed_hosts``, when set, are the only ``Host`` names served (see
-    ``boltrl._serving.Guard``). Neither the backend nor the store is closed by the app.
+    ``allowed_hosts``, when set, are the only ``Host`` names served. POSTs must say
+    ``Content-Type: application/json`` (415: a web page's cross-site form cannot) and
+    carry at most ``max_body_bytes`` (413); see ``boltrl._serving.Guard``. A body holding
+    what a record could not read back (NaN, integers beyond int64, nesting deeper than
+    ``store._checks.MAX_DEPTH``) gets a 400 naming the field, before the backend is
+    called; a backend answer a record cannot hold (a NaN or -inf logprob) fails the call
+    with a 502, recorded ``failed``. Neither the backend nor the store is closed by the
+    app.
     """
+    check_token("token", token)  # at once: middleware is built on the first request
     h = _Handlers(backend, store)
     app = FastAPI(title="boltrl gateway", openapi_url=None, docs_url=None, redoc_url=None)
     app.add_exception_handler(HTTPException, _http_error)
@@ -230,6 +238,8 @@ def create_gateway_app(
         token=token,
         protected=lambda path: path != "/health",
         allowed_hosts=allowed_hosts,
+        json_only=True,
+        max_body_bytes=max_body_bytes,
     )
     app.state.backend = backend
     app.state.store = store

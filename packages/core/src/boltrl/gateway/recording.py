@@ -27,6 +27,7 @@ from boltrl.gateway._output import assistant_message, usage_of
 from boltrl.gateway._request import ParsedCall
 from boltrl.gateway.backend import Generation
 from boltrl.records import Attempt, LLMCall
+from boltrl.store._checks import find_unreadable
 from boltrl.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -179,6 +180,22 @@ class Recorder:
             await self._run(self.store.record, attempt, [record])
         except Exception:
             log.exception("gateway: could not record failed call %s", call_id)
+
+
+def check_generation(gen: Generation) -> Generation:
+    """``gen`` if a record can hold it, else ``BackendError`` (the call fails with a 502
+    and is recorded ``failed``).
+
+    A backend's NaN or -inf logprob is refused rather than clamped: it means the backend's
+    numbers for that call cannot be trusted (an importance ratio against it is undefined),
+    and clamping would put a made-up behaviour logprob into training data. The agent sees
+    the backend error it would see for any backend fault, and the store keeps the failed
+    call, so the fault is counted where the rollout is read.
+    """
+    problem = find_unreadable("generation", gen)
+    if problem is not None:
+        raise BackendError(f"the backend's answer cannot be recorded: {problem[1]}")
+    return gen
 
 
 def ok_call(

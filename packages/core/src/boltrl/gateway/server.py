@@ -6,7 +6,7 @@ import logging
 from collections.abc import Collection
 from types import TracebackType
 
-from boltrl._serving import ServerThread, bind, check_exposure, local_hosts
+from boltrl._serving import MAX_BODY_BYTES, ServerThread, bind, check_exposure, local_hosts
 from boltrl.gateway.app import create_gateway_app
 from boltrl.gateway.backend import Backend
 from boltrl.records import Attempt
@@ -38,6 +38,7 @@ class Gateway:
         port: int = 0,
         token: str | None = None,
         allowed_hosts: Collection[str] | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
         log_level: str = "warning",
     ) -> None:
         check_exposure(host, token)
@@ -48,7 +49,9 @@ class Gateway:
         self.host = host
         self.port = port
         self.token = token
-        self.app = create_gateway_app(backend, store, token=token, allowed_hosts=allowed_hosts)
+        self.app = create_gateway_app(
+            backend, store, token=token, allowed_hosts=allowed_hosts, max_body_bytes=max_body_bytes
+        )
         self._log_level = log_level
         self._server: ServerThread | None = None
 

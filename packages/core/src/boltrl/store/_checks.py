@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -23,6 +24,124 @@ from boltrl.records import (
 )
 
 _RECORD_TYPES = (LLMCall, CallAnnotation, ToolStep, RewardEvent)
+
+MAX_DEPTH = 64
+"""Deepest nesting of JSON objects and arrays inside one task or record (a tool schema in
+``LLMCall.request``, a task's input). The JSON reader records are read back with stops at
+200 levels, counting the levels a stored rollout wraps around its records; 64 leaves that
+margin and is deeper than any real schema. Not configurable upward for that reason."""
+
+MAX_VALUE_BYTES = 16 * 2**20
+"""Largest task or record, counted as its strings' characters plus 8 bytes per number: a
+store refuses larger ones (``InvalidInput``). Served stores also cap request bodies
+(``boltrl store serve --max-body-mb``, 64 MiB by default)."""
+
+MAX_INT = 2**63 - 1
+"""Largest integer a task or record may hold: SQLite's, and what JSON writers and readers
+hold exactly (beyond it some read back as floats, others refuse to write)."""
+
+
+class _Unreadable(Exception):
+    def __init__(self, path: str, what: str) -> None:
+        super().__init__(path, what)
+        self.path, self.what = path, what
+
+    def message(self) -> str:
+        p = self.path
+        return f"{p if len(p) <= 160 else f'{p[:80]}…{p[-60:]}'}: {self.what}"
+
+
+def check_readable(path: str, value: Any) -> int:
+    """Refuse (``InvalidInput`` naming the field, as ``tasks[0].input.a[3]``) what would
+    be accepted but not read back: NaN or ±inf, integers beyond ``MAX_INT``, strings that
+    are not valid Unicode (lone surrogates), object keys that are not strings, objects
+    that are not JSON, nesting deeper than ``MAX_DEPTH``, values larger than
+    ``MAX_VALUE_BYTES``. ``value`` is JSON data or a record (a pydantic model: its fields
+    are checked). Returns the value's approximate size."""
+    try:
+        return _walk(path, value)
+    except _Unreadable as e:
+        raise InvalidInput(e.message()) from None
+
+
+def find_unreadable(path: str, value: Any) -> tuple[str, str] | None:
+    """``check_readable`` as a value: None, or (the field's path, the error message)."""
+    try:
+        _walk(path, value)
+    except _Unreadable as e:
+        return e.path, e.message()
+    return None
+
+
+def _walk(path: str, value: Any) -> int:
+    """Iterative, so hostile nesting cannot exhaust the stack."""
+    size = 0
+    stack: list[tuple[str, Any, int]] = [(path, value, 0)]
+    while stack:
+        where, v, d = stack.pop()
+        if isinstance(v, BaseModel):
+            items: Iterable[tuple[Any, Any]] = vars(v).items()
+            d -= 1  # a record's fields are not a nesting level of its JSON
+        elif isinstance(v, dict):
+            items = v.items()
+        elif isinstance(v, list | tuple):
+            if _plain_numbers(v):  # token ids and logprobs: checked at C speed
+                size += 8 * len(v)
+                continue
+            items = enumerate(v)
+        else:
+            size += _scalar(where, v)
+            continue
+        if d >= MAX_DEPTH:
+            raise _Unreadable(where, f"nested deeper than {MAX_DEPTH} levels")
+        for k, x in items:
+            if isinstance(k, int):
+                sub = f"{where}[{k}]"
+            elif isinstance(k, str):
+                sub = f"{where}.{k}" if where else k
+                size += _scalar(sub, k) if not k.isascii() else len(k)
+            else:
+                raise _Unreadable(where, f"object key {k!r} is not a string")
+            if isinstance(x, dict | list | tuple | BaseModel):
+                stack.append((sub, x, d + 1))
+            else:
+                size += _scalar(sub, x)
+        if size > MAX_VALUE_BYTES:
+            raise _Unreadable(where or "value", f"larger than {MAX_VALUE_BYTES:,} bytes")
+    return size
+
+
+def _plain_numbers(v: list[Any] | tuple[Any, ...]) -> bool:
+    """Whether ``v`` is non-empty and all finite floats and in-range ints."""
+    if not v or type(v[0]) not in (int, float):
+        return False
+    try:
+        return all(map(math.isfinite, v)) and -MAX_INT - 1 <= min(v) and max(v) <= MAX_INT
+    except (TypeError, OverflowError):  # a string in the list, an int beyond a float
+        return False
+
+
+def _scalar(where: str, v: Any) -> int:
+    if v is None or isinstance(v, bool):
+        return 4
+    if isinstance(v, str):
+        if not v.isascii():
+            try:
+                v.encode()
+            except UnicodeEncodeError:
+                raise _Unreadable(where, "string is not valid Unicode (a lone surrogate)") from None
+        return len(v)
+    if isinstance(v, int):
+        if not -MAX_INT - 1 <= v <= MAX_INT:
+            raise _Unreadable(where, f"integer out of range (beyond ±{MAX_INT})")
+        return 8
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise _Unreadable(where, f"expected a finite number, got {v!r}")
+        return 8
+    if isinstance(v, Enum):
+        return len(str(v.value))
+    raise _Unreadable(where, f"{type(v).__name__} is not JSON")
 
 
 _KINDS = ("llm_call", "call_annotation", "tool_step", "reward")
@@ -49,9 +168,13 @@ def check_number(name: str, value: Any, *, minimum: float = 0.0, strict: bool = 
     return float(value)
 
 
-def check_int(name: str, value: Any, *, minimum: int) -> int:
+def check_int(name: str, value: Any, *, minimum: int, maximum: int = MAX_INT) -> int:
+    """An integer in ``[minimum, maximum]`` (by default no larger than SQLite and JSON
+    readers hold), else InvalidInput."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InvalidInput(f"{name}: expected an integer >= {minimum}, got {value!r}")
+    if value > maximum:
+        raise InvalidInput(f"{name}: must be <= {maximum}, got {value!r}")
     return value
 
 
@@ -102,6 +225,7 @@ def check_records(head: Rollout, number: int, records: Sequence[Any]) -> list[An
             )
         if isinstance(r, RewardEvent) and not math.isfinite(r.value):  # model_construct'ed
             raise InvalidInput(f"records[{i}].value: reward must be finite, got {r.value!r}")
+        check_readable(f"records[{i}]", r)
         if r.rollout_id != head.id or r.attempt != number:
             r = r.model_copy(update={"rollout_id": head.id, "attempt": number})
         out.append(r)
@@ -120,5 +244,6 @@ def check_tasks(tasks: Sequence[Any]) -> list[Task]:
                 raise InvalidInput(validation_message(e, f"tasks[{i}]")) from None
         elif not isinstance(t, Task):
             raise InvalidInput(f"tasks[{i}]: expected a Task, got {type(t).__name__}")
+        check_readable(f"tasks[{i}]", t)
         out.append(t)
     return out

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
+from boltrl._serving import SERVING_ERRORS
 from boltrl.errors import ERRORS_BY_CODE, BoltrlError
 from boltrl.records import Attempt, Rollout, Task
 
@@ -95,6 +96,10 @@ def error_body(e: BoltrlError) -> dict[str, Any]:
     return {"error": {"code": e.code, "message": str(e)}}
 
 
+_BY_CODE = {**ERRORS_BY_CODE, **{cls.code: cls for cls in SERVING_ERRORS}}
+
+
 def error_from(code: str, message: str) -> BoltrlError:
-    """The exception a client raises for a server error: the same class as in process."""
-    return ERRORS_BY_CODE.get(code, BoltrlError)(message)
+    """The exception a client raises for a server error: the same class as in process
+    (and the serving guard's own for a refused Host, content type or body size)."""
+    return _BY_CODE.get(code, BoltrlError)(message)

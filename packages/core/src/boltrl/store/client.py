@@ -32,13 +32,14 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
 from boltrl import _http
+from boltrl._serving import check_token
 from boltrl.errors import BoltrlError, InvalidInput, NotFound, StoreUnavailable
 from boltrl.records import AnyRecord, Attempt, Resources, Rollout, RolloutStatus, Task
 from boltrl.store import _wire as w
-from boltrl.store._checks import check_number
+from boltrl.store._checks import check_number, check_readable, check_tasks
 from boltrl.store._engine import WorkerInfo
 from boltrl.store.base import DEFAULT_LEASE_S
 
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 _ANY_LIST: TypeAdapter[list[Any]] = TypeAdapter(list[Any])
 _WORKERS: TypeAdapter[list[WorkerInfo]] = TypeAdapter(list[WorkerInfo])
 _RETRY_STATUS = (500, 502, 503, 504)
+_MAX_BATCH_BYTES = 8 * 2**20
 
 
 class HttpStore:
@@ -67,6 +69,7 @@ class HttpStore:
         max_backoff_s: float = 5.0,
         max_batch: int = 512,
     ) -> None:
+        check_token("token", token)
         self.url = url.rstrip("/")
         self.retries = retries
         self.backoff_s = backoff_s
@@ -102,7 +105,9 @@ class HttpStore:
         """Send with retries; return the body of a 2xx answer or raise the mapped error."""
         if self._closed:
             raise StoreUnavailable("the store client is closed")
-        headers = {"content-type": "application/json"} if body is not None else {}
+        # Every POST says JSON, bodiless ones too: the server refuses any other (a web
+        # page's cross-site form could send those).
+        headers = {"content-type": "application/json"} if method != "GET" else {}
         if once:
             headers["idempotency-key"] = uuid.uuid4().hex
         if params:
@@ -134,9 +139,9 @@ class HttpStore:
     def enqueue(
         self, tasks: Sequence[Task], *, max_attempts: int = 3, timeout_s: float | None = None
     ) -> list[str]:
-        if isinstance(tasks, str | bytes | dict) or not isinstance(tasks, Sequence):
-            raise InvalidInput(f"tasks: expected a list of Task, got {type(tasks).__name__}")
-        req = w.EnqueueRequest(tasks=list(tasks), max_attempts=max_attempts, timeout_s=timeout_s)
+        # Checked here as the server would: a NaN inside a task would travel as null.
+        checked = check_tasks(tasks)
+        req = w.EnqueueRequest(tasks=checked, max_attempts=max_attempts, timeout_s=timeout_s)
         body = self._request("POST", "/rollouts", body=req.model_dump_json().encode(), once=True)
         return w.Ids.model_validate_json(body).ids
 
@@ -170,6 +175,9 @@ class HttpStore:
             raise InvalidInput(f"attempt: expected an Attempt, got {type(attempt).__name__}")
         if isinstance(records, str | bytes) or not isinstance(records, Sequence):
             raise InvalidInput(f"records: expected a list of records, got {type(records).__name__}")
+        for i, r in enumerate(records):  # as the server would, before the round trip
+            if isinstance(r, BaseModel):
+                check_readable(f"records[{i}]", r)
         # Serialized here, in the caller's thread: the sender only concatenates.
         item = (
             b'{"attempt":'
@@ -282,7 +290,7 @@ class _RecordBatcher:
     """Group commit for ``record``: one sender thread, one batch in flight at a time.
 
     Callers append their serialized item and wait on its future; the sender takes
-    everything pending (up to ``max_batch`` items) as one request and resolves each
+    everything pending (up to ``max_batch`` items and 8 MiB) as one request and resolves each
     future with that item's own result.
     """
 
@@ -315,7 +323,8 @@ class _RecordBatcher:
                     self._cond.wait()
                 if not self._pending:
                     return
-                batch, self._pending = self._pending[: self._max], self._pending[self._max :]
+                n = _batch_size(self._pending, self._max)
+                batch, self._pending = self._pending[:n], self._pending[n:]
             try:
                 results = self._client._send_records([item for item, _ in batch])
             except BaseException as e:  # every caller of the batch sees the failure
@@ -335,6 +344,19 @@ class _RecordBatcher:
             thread = self._thread
         if thread is not None:
             thread.join()
+
+
+def _batch_size(pending: list[tuple[bytes, Future[None]]], most: int) -> int:
+    """How many of the first pending items one request carries: at most ``most``, and no
+    more than ``_MAX_BATCH_BYTES`` of them (at least one), so a batch of large records
+    stays under the server's body limit."""
+    n = size = 0
+    for item, _ in pending[:most]:
+        size += len(item)
+        if n and size > _MAX_BATCH_BYTES:
+            break
+        n += 1
+    return n
 
 
 def _bare(attempt: Attempt) -> Attempt:

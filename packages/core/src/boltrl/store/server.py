@@ -29,10 +29,12 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from boltrl._serving import (
+    MAX_BODY_BYTES,
     Guard,
     ServerThread,
     bind,
     check_exposure,
+    check_token,
     local_hosts,
     serve_forever,
     url_of,
@@ -124,15 +126,25 @@ async def _guard(fn: Callable[[], Awaitable[Response]]) -> Response:
 
 
 def create_store_app(
-    store: Store, token: str | None = None, *, allowed_hosts: Collection[str] | None = None
+    store: Store,
+    token: str | None = None,
+    *,
+    allowed_hosts: Collection[str] | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     """A FastAPI app serving ``store`` under ``/store``.
 
     ``token``, when set, is required as ``Authorization: Bearer <token>`` on every store
-    route (``/healthz`` stays open); ``allowed_hosts``, when set, are the only ``Host``
-    names served (see ``boltrl._serving.Guard``). The app does not own the store:
-    closing it stays with the caller.
+    route (``/healthz`` stays open; an empty token is refused). ``allowed_hosts``, when
+    set, are the only ``Host`` names served. POSTs must say ``Content-Type:
+    application/json`` (415 otherwise: a web page's cross-site form cannot) and carry at
+    most ``max_body_bytes`` (413). What a store accepts reads back: non-finite numbers,
+    out-of-range integers, nesting deeper than ``_checks.MAX_DEPTH`` and tasks or
+    records over ``_checks.MAX_VALUE_BYTES`` get a 400 naming the field, before anything
+    is written. See ``boltrl._serving.Guard``. The app does not own the store: closing
+    it stays with the caller.
     """
+    check_token("token", token)  # at once: middleware is built on the first request
     app = FastAPI(title="boltrl store", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
     app.include_router(store_router(store))
@@ -142,6 +154,8 @@ def create_store_app(
         token=token,
         protected=lambda path: path.startswith(w.PREFIX),
         allowed_hosts=allowed_hosts,
+        json_only=True,
+        max_body_bytes=max_body_bytes,
     )
 
     @app.get("/healthz")
@@ -341,11 +355,18 @@ def _hosts(host: str, token: str | None) -> list[str] | None:
 
 
 def serve_in_thread(
-    store: Store, *, token: str | None = None, host: str = "127.0.0.1", port: int = 0
+    store: Store,
+    *,
+    token: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> RunningServer:
     """Serve ``store`` over HTTP from a background thread; ``.url`` says where."""
     check_exposure(host, token)
-    app = create_store_app(store, token, allowed_hosts=_hosts(host, token))
+    app = create_store_app(
+        store, token, allowed_hosts=_hosts(host, token), max_body_bytes=max_body_bytes
+    )
     return RunningServer(app, host=host, port=port)
 
 
@@ -356,13 +377,17 @@ def serve(
     port: int = 4747,
     token: str | None = None,
     on_ready: Callable[[str], None] | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> None:
     """Serve ``store`` in the foreground until interrupted (what ``boltrl store serve`` runs).
 
     ``on_ready`` is called with the URL once the socket is bound (``port=0`` picks one).
     """
     check_exposure(host, token)
+    app = create_store_app(
+        store, token, allowed_hosts=_hosts(host, token), max_body_bytes=max_body_bytes
+    )
     sock = bind(host, port)
     if on_ready is not None:
         on_ready(url_of(sock))
-    serve_forever(create_store_app(store, token, allowed_hosts=_hosts(host, token)), sock)
+    serve_forever(app, sock)
