@@ -9,7 +9,14 @@ from collections.abc import Callable
 
 import pytest
 
-from boltrl.adapter_support import Counters, Installation, jsonable, new_id
+from boltrl.adapter_support import (
+    Counters,
+    Installation,
+    json_or_str,
+    jsonable,
+    new_id,
+    parse_arguments,
+)
 
 LOG = logging.getLogger("boltrl_test_adapter")
 
@@ -184,3 +191,13 @@ def test_installation_that_fails_to_attach_installs_nothing() -> None:
         inst.instrument(attach)
     assert inst.installed() is None
     inst.uninstrument()
+
+
+def test_json_or_str_and_parse_arguments() -> None:
+    assert json_or_str({"a": [1, None]}) == {"a": [1, None]}
+    assert json_or_str({1, 2}) in ("{1, 2}", "{2, 1}")  # not JSON: its str
+    assert parse_arguments('{"a": 1}') == {"a": 1}
+    assert parse_arguments("[1, 2]") == [1, 2]
+    assert parse_arguments("not json") == "not json"
+    assert parse_arguments({"a": {1}}) == "{'a': {1}}"
+    assert parse_arguments(None) is None

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from boltrl._common import JSON
+from boltrl.adapter_support import parse_arguments as parse_arguments
 
 
 def get(obj: Any, key: str) -> Any:
@@ -114,22 +115,3 @@ def tool_call_ids(message: JSON | None) -> list[str]:
     return [
         tc["id"] for tc in (message or {}).get("tool_calls") or () if isinstance(tc.get("id"), str)
     ]
-
-
-def parse_arguments(raw: Any) -> Any:
-    """Tool arguments as JSON: a JSON string parsed, anything else as given."""
-    if isinstance(raw, str):
-        try:
-            return json.loads(raw)
-        except ValueError:
-            return raw
-    return jsonable(raw)
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` when it survives JSON, else its ``str``."""
-    try:
-        json.dumps(value)
-        return value
-    except (TypeError, ValueError):
-        return str(value)

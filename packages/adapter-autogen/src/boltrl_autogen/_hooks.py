@@ -35,7 +35,7 @@ from autogen_agentchat.messages import ToolCallExecutionEvent, ToolCallRequestEv
 from autogen_core.logging import LLMCallEvent, LLMStreamEndEvent, LLMStreamStartEvent, ToolCallEvent
 
 from boltrl._common import JSON
-from boltrl.adapter_support import Counters, Installation, new_id
+from boltrl.adapter_support import Counters, Installation, json_or_str, new_id
 from boltrl.context import RolloutContext, current
 from boltrl.records import CallAnnotation, ToolStep
 from boltrl_autogen import _convert as cv
@@ -283,7 +283,7 @@ class BoltrlEventHandler(logging.Handler):
         arguments when there is one (for its id and agent), else recorded on its own."""
         kw = event.kwargs
         name = kw.get("tool_name")
-        arguments = _field(cv.jsonable, kw.get("arguments"))
+        arguments = _field(json_or_str, kw.get("arguments"))
         st = self._state(ctx)
         tc_id = next(
             (
@@ -302,7 +302,7 @@ class BoltrlEventHandler(logging.Handler):
             str(name),
             tool_call_id=tc_id,
             arguments=arguments,
-            result=_field(cv.jsonable, kw.get("result")),
+            result=_field(json_or_str, kw.get("result")),
             agent=request.agent if request else self._agent(agent_id),
             at=at,
             fallback_parent=agent_id,

@@ -17,16 +17,20 @@ Three shapes of model output reach a trace processor:
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from boltrl._common import JSON
+from boltrl.adapter_support import json_or_str
+from boltrl.adapter_support import parse_arguments as parse_arguments
 
 FAKE_ID = "__fake_id__"
 """The SDK's placeholder id on Responses objects it builds from Chat Completions."""
+
+jsonable = json_or_str
+"""``value`` when it survives JSON, else its ``str``."""
 
 
 def get(obj: Any, key: str) -> Any:
@@ -45,25 +49,6 @@ def as_dict(obj: Any) -> JSON:
         out = dump(mode="json", exclude_none=False)
         return out if isinstance(out, dict) else {}
     return {}
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` when it survives JSON, else its ``str``."""
-    try:
-        json.dumps(value)
-        return value
-    except (TypeError, ValueError):
-        return str(value)
-
-
-def parse_arguments(raw: Any) -> Any:
-    """Tool arguments as JSON: a JSON-object string parsed, anything else as given."""
-    if isinstance(raw, str):
-        try:
-            return json.loads(raw)
-        except ValueError:
-            return raw
-    return jsonable(raw)
 
 
 def span_time(iso: str | None) -> float | None:

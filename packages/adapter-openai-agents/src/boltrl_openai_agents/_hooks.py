@@ -36,7 +36,7 @@ from agents.tracing import (
 )
 
 from boltrl._common import JSON
-from boltrl.adapter_support import Counters, Installation, new_id
+from boltrl.adapter_support import Counters, Installation, json_or_str, new_id
 from boltrl.context import RolloutContext, current
 from boltrl.records import CallAnnotation, ToolStep
 from boltrl_openai_agents import _convert as cv
@@ -261,7 +261,7 @@ class BoltrlTracingProcessor(TracingProcessor):
             data.name,
             tool_call,
             arguments=_field(cv.parse_arguments, data.input),
-            result=_field(cv.jsonable, data.output),
+            result=_field(json_or_str, data.output),
             error=_field(cv.span_error, span.error),
         )
 

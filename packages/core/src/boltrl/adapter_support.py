@@ -13,6 +13,7 @@ the rest of the record kept.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -20,7 +21,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 from boltrl._common import new_id
 
-__all__ = ["Counters", "Installation", "jsonable", "new_id"]
+__all__ = ["Counters", "Installation", "json_or_str", "jsonable", "new_id", "parse_arguments"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -53,6 +54,26 @@ def jsonable(value: Any, dumps: tuple[str, ...] = ("model_dump",)) -> Any:
             except Exception:
                 pass
     return str(value)
+
+
+def json_or_str(value: Any) -> Any:
+    """``value`` when it survives ``json.dumps``, else its ``str``."""
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def parse_arguments(raw: Any) -> Any:
+    """Tool arguments as JSON: a JSON string parsed, anything else as ``json_or_str``
+    gives it (a string that is not JSON stays the string)."""
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw
+    return json_or_str(raw)
 
 
 class Counters:
