@@ -105,12 +105,22 @@ class RolloutContext:
                     self.attempt.rollout_id,
                 )
 
+    def send(self, records: Sequence[AnyRecord]) -> None:
+        """Write records already stamped elsewhere (by the attempt's context in a worker
+        process) straight to the sink. Raises ``RuntimeError`` once this context is
+        closed, and whatever the sink raises."""
+        if self._closed:
+            raise RuntimeError(f"rollout {self.rollout_id}: the attempt has ended")
+        self._sink(self.attempt, records)
+
     def close(self, *, flush: bool = True) -> None:
         """Stop accepting records (after a timeout or abandonment); later ones are dropped
         and counted in ``dropped_records``."""
         if flush:
             self.flush()
         self._closed = True
+        with _ACTIVE_LOCK:  # an abandoned agent's context is no fallback for anyone
+            _ACTIVE.pop(id(self), None)
 
     # -- entering / leaving -------------------------------------------------------------
 

@@ -7,10 +7,24 @@ reach the rollout), heartbeats while it runs, enforces the rollout's ``timeout_s
 reports the outcome: a returned number is the final reward, an exception a failed
 attempt with its traceback.
 
-Each rollout's agent runs in its own thread (an async agent in its own event loop in
-that thread) while a supervising worker thread heartbeats, watches the clock and, on a
-timeout, abandons it. A Python thread cannot be killed: an abandoned sync agent keeps
-running until it returns, but whatever it records afterwards is dropped and counted.
+Isolation (``isolation=``):
+
+- ``"thread"`` (the default, what the in-process trainer uses): each rollout's agent
+  runs in its own thread (an async agent in its own event loop in that thread) while a
+  supervising slot thread heartbeats, watches the clock and, on a timeout, abandons it.
+  A Python thread cannot be killed: an abandoned sync agent keeps running until it
+  returns, but whatever it records afterwards is dropped (its context is closed, and the
+  store refuses writes of an attempt that ended).
+- ``"process"`` (the default of ``boltrl runner``): each slot runs its agent in a worker
+  process that is reused across rollouts and replaced when it dies (see
+  ``boltrl._workers``), so ``os._exit``, a segfault or the OOM killer fails only that
+  rollout (``error_kind="worker_died"``, retried); a rollout that killed its worker
+  ``poison_after`` times (counted over all runners, from the store) fails for good with
+  ``error_kind="poison"``. A timed-out or abandoned agent's process is killed.
+
+Every rollout has a wall-clock budget: its own ``timeout_s``, else the runner's
+``default_timeout_s`` (``DEFAULT_TIMEOUT_S`` = 30 minutes), so a hung agent cannot hold a
+slot forever.
 """
 
 from __future__ import annotations
@@ -29,8 +43,9 @@ import traceback
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from boltrl._workers import AgentLoadError, ProcessRun, SlotWorkers, WorkerDied
 from boltrl.context import RolloutContext
 from boltrl.errors import BoltrlError, Conflict, NotFound
 from boltrl.records import LLM, Attempt, Resources, RolloutStatus
@@ -39,6 +54,12 @@ from boltrl.store.base import DEFAULT_LEASE_S, Store
 log = logging.getLogger(__name__)
 
 AgentFn = Callable[[dict[str, Any], LLM], "float | Awaitable[float | None] | None"]
+Isolation = Literal["thread", "process"]
+
+DEFAULT_TIMEOUT_S = 1800.0
+"""Wall-clock budget of a rollout enqueued without ``timeout_s`` (30 minutes)."""
+DEFAULT_POISON_AFTER = 2
+"""Worker deaths after which a rollout is failed as poison instead of retried."""
 
 
 class Retryable(Exception):
@@ -48,6 +69,8 @@ class Retryable(Exception):
 def _default_retryable(exc: BaseException) -> bool:
     """Transient infrastructure errors are retried; the agent's own bugs are not."""
     if isinstance(exc, Retryable | ConnectionError | TimeoutError):
+        return True
+    if getattr(exc, "default_retryable", False):  # judged in the worker process
         return True
     name = type(exc).__name__
     # openai / httpx connection-level failures, without importing either
@@ -90,6 +113,10 @@ class _AgentRun:
 
     def start(self) -> None:
         self.thread.start()
+
+    def run_here(self) -> None:
+        """Run the agent in the calling thread (a worker process's main thread)."""
+        self._main()
 
     def _main(self) -> None:
         try:
@@ -207,7 +234,7 @@ class Runner:
 
     def __init__(
         self,
-        agent: AgentFn,
+        agent: AgentFn | str,
         store: Store,
         *,
         concurrency: int = 1,
@@ -216,12 +243,33 @@ class Runner:
         heartbeat_s: float | None = None,
         claim_wait_s: float = 1.0,
         retryable: Callable[[BaseException], bool] = _default_retryable,
+        isolation: Isolation = "thread",
+        default_timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        poison_after: int = DEFAULT_POISON_AFTER,
     ) -> None:
+        """``agent`` is the agent function or its ``module:function`` spec (required
+        form for ``isolation="process"`` unless the function is importable by its module
+        and name). ``default_timeout_s`` None lets rollouts without a timeout run forever.
+        """
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1 (got {concurrency})")
         if lease_s <= 0:
             raise ValueError(f"lease_s must be > 0 (got {lease_s})")
-        self.agent = agent
+        if isolation not in ("thread", "process"):
+            raise ValueError(f"isolation must be 'thread' or 'process' (got {isolation!r})")
+        if default_timeout_s is not None and not default_timeout_s > 0:
+            raise ValueError(f"default_timeout_s must be > 0 or None (got {default_timeout_s})")
+        if poison_after < 1:
+            raise ValueError(f"poison_after must be >= 1 (got {poison_after})")
+        self.isolation: Isolation = isolation
+        self.default_timeout_s = default_timeout_s
+        self.poison_after = poison_after
+        self._slots = SlotWorkers(agent, concurrency) if isolation == "process" else None
+        if isinstance(agent, str) and self._slots is None:
+            from boltrl.loading import load_object
+
+            agent = load_object(agent, what="agent")
+        self.agent: AgentFn = agent  # type: ignore[assignment]  # a spec only when isolated
         self.store = store
         self.concurrency = concurrency
         self.worker_id = worker_id or _worker_id()
@@ -260,6 +308,14 @@ class Runner:
         ]
         for t in self._threads:
             t.start()
+        return self
+
+    def prestart(self) -> Runner:
+        """With ``isolation="process"``, start the worker processes now, so that an agent
+        that cannot be imported fails here (``AgentLoadError``) rather than on the first
+        rollout; a no-op with threads."""
+        if self._slots is not None:
+            self._slots.prestart()
         return self
 
     def stop(self, *, drain: bool = True, timeout_s: float | None = None) -> None:
@@ -327,13 +383,15 @@ class Runner:
 
     def _worker_loop(self, slot: int) -> None:
         try:
-            self._claim_loop()
+            self._claim_loop(slot)
         finally:
+            if self._slots is not None:
+                self._slots.stop(slot)
             with self._exited:
                 self._alive -= 1
                 self._exited.notify_all()
 
-    def _claim_loop(self) -> None:
+    def _claim_loop(self, slot: int) -> None:
         while not self._stop.is_set():
             if not self._take_slot():
                 return
@@ -354,31 +412,45 @@ class Runner:
             with self._lock:
                 self.stats.claimed += 1
             try:
-                self._execute(attempt)
+                self._execute(attempt, slot)
             except Exception:
                 log.exception("boltrl runner: internal error on rollout %s", attempt.rollout_id)
 
-    def _execute(self, attempt: Attempt) -> None:
+    def _execute(self, attempt: Attempt, slot: int) -> None:
         assert attempt.task is not None, "store.claim must fill in the task"
         ctx = RolloutContext(attempt, self.store.record)
         try:
             llm = self._llm_for(attempt)
+            run: _AgentRun | ProcessRun
+            if self._slots is not None:
+                run = self._slots.run(slot, attempt, dict(attempt.task.input), llm, ctx)
+            else:
+                run = _AgentRun(self.agent, dict(attempt.task.input), llm, ctx)
+        except AgentLoadError as e:
+            log.error("boltrl runner: stopping: %s", e)
+            self._stop.set()  # every later rollout would fail the same way
+            self._finish(
+                attempt, RolloutStatus.FAILED, error=str(e), kind="agent_load", retryable=True
+            )
+            return
         except BoltrlError as e:
             self._finish(
                 attempt, RolloutStatus.FAILED, error=str(e), kind="resources", retryable=True
             )
             return
-        run = _AgentRun(self.agent, dict(attempt.task.input), llm, ctx)
         run.start()
         current = self._supervise(run, ctx, attempt)
         if current is not None:
             ctx.flush()
             self._report(run, current)
 
-    def _supervise(self, run: _AgentRun, ctx: RolloutContext, attempt: Attempt) -> Attempt | None:
+    def _supervise(
+        self, run: _AgentRun | ProcessRun, ctx: RolloutContext, attempt: Attempt
+    ) -> Attempt | None:
         """Heartbeat until the agent returns; returns the (renewed) attempt then, or None
         when the attempt was ended here (abort, timeout) or taken away (abandoned)."""
-        deadline = None if attempt.timeout_s is None else time.monotonic() + attempt.timeout_s
+        timeout_s = attempt.timeout_s if attempt.timeout_s is not None else self.default_timeout_s
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             wait = self.heartbeat_s
             if deadline is not None:
@@ -395,7 +467,7 @@ class Runner:
                 error = (
                     "runner aborted"
                     if aborted
-                    else f"agent did not finish within timeout_s={attempt.timeout_s}"
+                    else f"agent did not finish within timeout_s={timeout_s}"
                 )
                 kind = "aborted" if aborted else "timeout"
                 self._finish(attempt, RolloutStatus.FAILED, error=error, kind=kind, retryable=True)
@@ -414,8 +486,14 @@ class Runner:
                 log.exception("boltrl runner: heartbeat failed for %s", attempt.rollout_id)
             ctx.flush()
 
-    def _report(self, run: _AgentRun, attempt: Attempt) -> None:
+    def _report(self, run: _AgentRun | ProcessRun, attempt: Attempt) -> None:
         """Finish the attempt with what the agent returned or raised."""
+        if isinstance(run.error, WorkerDied):
+            self._report_death(run.error, attempt)
+            return
+        if isinstance(run, ProcessRun) and run.bad_return is not None:
+            self._finish(attempt, RolloutStatus.FAILED, error=run.bad_return, kind="bad_return")
+            return
         if run.error is not None:
             self._finish(
                 attempt,
@@ -431,6 +509,25 @@ class Runner:
             self._finish(attempt, RolloutStatus.FAILED, error=str(e), kind="bad_return")
             return
         self._finish(attempt, RolloutStatus.SUCCEEDED, reward=reward)
+
+    def _report_death(self, died: WorkerDied, attempt: Attempt) -> None:
+        """A worker death is retried, until the rollout has killed ``poison_after``
+        workers (on any runner: the store's attempts say how many it killed before)."""
+        try:
+            before = self.store.get(attempt.rollout_id).attempts
+        except BoltrlError:
+            before = []
+        deaths = 1 + sum(a.error_kind in ("worker_died", "poison") for a in before)
+        if deaths >= self.poison_after:
+            error = (
+                f"poison: rollout {attempt.rollout_id} killed the agent's worker process "
+                f"{deaths} time(s), last: {died}; not retried"
+            )
+            self._finish(attempt, RolloutStatus.FAILED, error=error, kind="poison")
+        else:
+            self._finish(
+                attempt, RolloutStatus.FAILED, error=str(died), kind="worker_died", retryable=True
+            )
 
     def _finish(
         self,

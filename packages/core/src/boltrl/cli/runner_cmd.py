@@ -23,6 +23,19 @@ def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lease", type=float, default=30.0, help="lease seconds (default 30)")
     p.add_argument("--max-rollouts", type=int, default=None, help="stop after this many")
     p.add_argument("--exit-when-idle", action="store_true", help="exit once no rollout is queued")
+    p.add_argument(
+        "--isolation",
+        choices=("process", "thread"),
+        default="process",
+        help="run agents in reused worker processes, so a crash fails only its rollout "
+        "(default), or in threads of the runner",
+    )
+    p.add_argument(
+        "--default-timeout",
+        type=float,
+        default=1800.0,
+        help="seconds a rollout enqueued without timeout_s may run (default 1800)",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -32,7 +45,10 @@ def _run(args: argparse.Namespace) -> int:
     from boltrl.store import open_store
 
     try:
-        agent = load_object(args.agent, what="--agent")
+        # With processes the agent is imported in the workers only (prestart checks it).
+        agent = (
+            args.agent if args.isolation == "process" else load_object(args.agent, what="--agent")
+        )
         store = open_store(args.store, token=args.store_token)
     except BoltrlError as e:
         print(f"boltrl runner: {e}")
@@ -43,7 +59,15 @@ def _run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         worker_id=args.worker_id,
         lease_s=args.lease,
+        isolation=args.isolation,
+        default_timeout_s=args.default_timeout,
     )
+    try:
+        runner.prestart()
+    except BoltrlError as e:
+        print(f"boltrl runner: {e}")
+        store.close()
+        return 2
     print(f"boltrl runner {runner.worker_id}: {args.concurrency} slot(s) on {args.store}")
     try:
         stats = runner.run(max_rollouts=args.max_rollouts, exit_when_idle=args.exit_when_idle)
