@@ -400,3 +400,42 @@ def test_own_successes_from_a_store(project: Path, tiny_model_path: Path, tokeni
         cfg, cfg.warm_start, agent=agent, tokenizer=tokenizer, store=open_store("memory://")
     )
     assert (demos.rollouts, demos.kept, demos.rejected) == (6, 0, 6)  # all scored 0.0
+
+
+def test_shared_prefix_gives_the_same_loss_and_update(
+    project: Path, tiny_model_path: Path, tokenizer: Any
+) -> None:
+    """Every prompt starts with the same system message: run once, continued from its KV
+    cache, it must change nothing but the cost."""
+    import torch
+
+    from boltrl.loading import load_object
+    from boltrl_trainer.models import load_model
+    from boltrl_trainer.sft import SFTBackend
+
+    cfg = _cfg(project, tiny_model_path)
+    assert cfg.warm_start is not None
+    store = open_store("memory://")
+    demos = collect(
+        cfg,
+        cfg.warm_start,
+        agent=load_object(cfg.agent, what="agent"),
+        tokenizer=tokenizer,
+        store=store,
+    )
+    store.close()
+    items = [t for t in demos.transitions if t.task_id.startswith("t")]  # one system prompt
+    assert SFTBackend.shared_prefix(items) >= 16
+    runs = []
+    for share in (True, False):
+        model, _ = load_model(tiny_model_path)
+        sft = SFTBackend(model, lr=1e-2, pad_id=2, token_budget=100_000, share_prefix=share)
+        loss = sft.loss(items)
+        row = sft.step(items)
+        grads = [p.grad.detach().clone() for p in sft.params if p.grad is not None]
+        runs.append((loss, row["sft/grad_norm"], grads))
+    (l1, n1, g1), (l2, n2, g2) = runs
+    assert l1 == pytest.approx(l2, rel=1e-5) and n1 == pytest.approx(n2, rel=1e-4)
+    assert len(g1) == len(g2) > 0
+    for a, b in zip(g1, g2, strict=True):  # the same gradient, within float noise
+        assert torch.allclose(a, b, rtol=1e-3, atol=1e-6 * float(b.abs().max()) + 1e-9)
