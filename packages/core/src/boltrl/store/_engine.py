@@ -68,6 +68,17 @@ class WorkerInfo(BaseModel):
     """Rollouts it currently holds a running attempt of."""
 
 
+class Once(BaseModel):
+    """An enqueue done under an idempotency key (kept by the store, durably if it is)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    request_hash: str
+    """Digest of the request it was made with: the key answers that request only."""
+    ids: list[str]
+
+
 class StoreEngine(abc.ABC):
     """Lifecycle logic over abstract persistence. Thread-safe; see ``Store`` for promises.
 
@@ -95,7 +106,12 @@ class StoreEngine(abc.ABC):
     # -- persistence hooks ----------------------------------------------------------------
 
     @abc.abstractmethod
-    def _p_insert(self, rows: list[tuple[int, Rollout]]) -> None: ...
+    def _p_insert(self, rows: list[tuple[int, Rollout]], once: Once | None = None) -> None:
+        """Insert rollouts; with ``once``, remember its key in the same transaction."""
+
+    @abc.abstractmethod
+    def _p_once(self, key: str) -> Once | None:
+        """The enqueue remembered under an idempotency key, if any."""
 
     @abc.abstractmethod
     def _p_update(self, head: Rollout) -> None: ...
@@ -302,8 +318,18 @@ class StoreEngine(abc.ABC):
     # -- the Store API --------------------------------------------------------------------
 
     def enqueue(
-        self, tasks: Sequence[Task], *, max_attempts: int = 3, timeout_s: float | None = None
+        self,
+        tasks: Sequence[Task],
+        *,
+        max_attempts: int = 3,
+        timeout_s: float | None = None,
+        idempotency: tuple[str, str] | None = None,
     ) -> list[str]:
+        """``Store.enqueue``; with ``idempotency=(key, request_hash)`` an enqueue is done
+        at most once per key, durably (remembered in the same transaction as the
+        rollouts): a repeat with the same request answers the first one's ids, a repeat
+        with another request is ``InvalidInput``. The store server passes its
+        ``Idempotency-Key`` header this way."""
         checked = check_tasks(tasks)
         check_int("max_attempts", max_attempts, minimum=1)
         if timeout_s is not None:
@@ -322,8 +348,19 @@ class StoreEngine(abc.ABC):
         ]
         with self._lock:
             self._check_open()
+            once = None
+            if idempotency is not None:
+                key, digest = idempotency
+                prior = self._p_once(key)
+                if prior is not None:
+                    if prior.request_hash != digest:
+                        raise InvalidInput(
+                            f"Idempotency-Key {key!r} was first used for another request"
+                        )
+                    return list(prior.ids)
+                once = Once(key=key, request_hash=digest, ids=[h.id for h in heads])
             rows = [(self._next_ord + i, h) for i, h in enumerate(heads)]
-            self._p_insert(rows)
+            self._p_insert(rows, once)
             self._next_ord += len(rows)
             for order, h in rows:
                 self._active[h.id] = h

@@ -4,13 +4,15 @@ runs where losing everything at exit is fine."""
 from __future__ import annotations
 
 import itertools
-from collections import Counter
+from collections import Counter, OrderedDict
 
 from boltrl.records import AnyRecord, Resources, Rollout, RolloutStatus
-from boltrl.store._engine import StoreEngine
+from boltrl.store._engine import Once, StoreEngine
 
 _SHARED_FIELD_SETS: dict[frozenset[str], set[str]] = {}
 _MAX_SHARED = 256
+_MAX_ONCE = 100_000
+"""Idempotency keys of enqueues remembered (oldest forgotten first)."""
 
 
 def _stored(record: AnyRecord, seq: int) -> AnyRecord:
@@ -52,8 +54,13 @@ class MemoryStore(StoreEngine):
         """Per rollout: (attempt, record id) → record, in seq order."""
         self._seq = itertools.count(1)
         self._counts: Counter[RolloutStatus] = Counter()
+        self._once: OrderedDict[str, Once] = OrderedDict()
 
-    def _p_insert(self, rows: list[tuple[int, Rollout]]) -> None:
+    def _p_insert(self, rows: list[tuple[int, Rollout]], once: Once | None = None) -> None:
+        if once is not None:
+            self._once[once.key] = once
+            while len(self._once) > _MAX_ONCE:
+                self._once.popitem(last=False)
         for _, head in rows:
             self._heads[head.id] = head
             self._records[head.id] = {}
@@ -65,6 +72,9 @@ class MemoryStore(StoreEngine):
             self._counts[old.status] -= 1
             self._counts[head.status] += 1
         self._heads[head.id] = head
+
+    def _p_once(self, key: str) -> Once | None:
+        return self._once.get(key)
 
     def _p_head(self, rollout_id: str) -> Rollout | None:
         return self._heads.get(rollout_id)

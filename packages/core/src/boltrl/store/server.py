@@ -9,13 +9,22 @@ Store calls block (locks, SQLite, long-polls), so they run in worker threads; lo
 (``claim``/``wait``, capped at ``MAX_POLL_S`` per request) get their own larger thread
 pool so waiting runners cannot starve quick calls. Mutating requests may carry an
 ``Idempotency-Key`` header: the response is remembered, and a retry with the same key
-(the client's retry after a lost response) gets it again instead of acting twice.
+(the client's retry after a lost response) gets it again instead of acting twice. A key
+is bound to its route and request body: used again on another route it is a new key,
+with another body it is refused (400). Over an embedded store (memory, SQLite) an
+enqueue's key is kept by the store itself, in the enqueue's own transaction, so a retry
+after a restart of a SQLite-backed server does not enqueue again; a retried finish is
+answered by the store's own rule (the same token and outcome answer success). A
+long-poll claim whose client went away gives its rollout back without spending an
+attempt.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection
 from functools import partial
@@ -39,10 +48,11 @@ from boltrl._serving import (
     serve_forever,
     url_of,
 )
-from boltrl.errors import BoltrlError, InvalidInput
+from boltrl.errors import BoltrlError, InvalidInput, StoreUnavailable
 from boltrl.records import Resources
 from boltrl.store import _wire as w
 from boltrl.store._checks import check_number, validation_message
+from boltrl.store._engine import StoreEngine
 from boltrl.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -80,8 +90,10 @@ class _Once:
     """
 
     def __init__(self) -> None:
-        self._done: OrderedDict[str, tuple[int, bytes | Callable[[], Awaitable[Response]]]]
-        self._done = OrderedDict()
+        self._done: OrderedDict[
+            str, tuple[str, int, bytes | Callable[[], Awaitable[Response]]]
+        ] = OrderedDict()
+        """(route, key) → (request digest, status, answer or how to answer again)."""
         self._inflight: dict[str, asyncio.Event] = {}
 
     async def __call__(
@@ -92,13 +104,17 @@ class _Once:
     ) -> Response:
         """Answer with ``fn``, or as the first request with this key was answered; with
         ``replay``, a repeat of a request that succeeded is answered by calling it."""
-        key = request.headers.get("idempotency-key")
-        if key is None:
+        given = request.headers.get("idempotency-key")
+        if given is None:
             return await _guard(fn)
+        key = f"{request.url.path}\n{given}"  # a key answers its own route only
+        digest = await request_digest(request)
         while key in self._inflight:  # the original is still running: wait for its answer
             await self._inflight[key].wait()
         if key in self._done:
-            status, body = self._done[key]
+            first, status, body = self._done[key]
+            if first != digest:
+                return _error(reused_key(given))
             if not isinstance(body, bytes):
                 return await _guard(body)
             return Response(content=body, status_code=status, media_type="application/json")
@@ -109,13 +125,22 @@ class _Once:
                 again: bytes | Callable[[], Awaitable[Response]] = bytes(resp.body)
                 if replay is not None and resp.status_code < 300:
                     again = replay
-                self._done[key] = (resp.status_code, again)
+                self._done[key] = (digest, resp.status_code, again)
                 while len(self._done) > _IDEMPOTENCY_CACHE:
                     self._done.popitem(last=False)
             return resp
         finally:
             del self._inflight[key]
             event.set()
+
+
+async def request_digest(request: Request) -> str:
+    """What an idempotency key is bound to besides its route: the request body."""
+    return hashlib.sha256(await request.body()).hexdigest()
+
+
+def reused_key(key: str) -> InvalidInput:
+    return InvalidInput(f"Idempotency-Key {key!r} was first used for another request")
 
 
 async def _guard(fn: Callable[[], Awaitable[Response]]) -> Response:
@@ -210,26 +235,59 @@ def store_router(store: Store) -> APIRouter:
 
     @router.post("/rollouts")
     async def enqueue(request: Request) -> Response:
+        key = request.headers.get("idempotency-key")
+        durable = key is not None and isinstance(store, StoreEngine)
+
         async def go() -> Response:
             req = await _parse(request, w.EnqueueRequest)
-            call = partial(
-                store.enqueue, req.tasks, max_attempts=req.max_attempts, timeout_s=req.timeout_s
-            )
-            return _json(w.Ids(ids=await run(call)))
+            kw: dict[str, Any] = {"max_attempts": req.max_attempts, "timeout_s": req.timeout_s}
+            if durable:  # the store keeps the key with the rollouts (see the module doc)
+                kw["idempotency"] = (key, await request_digest(request))
+            return _json(w.Ids(ids=await run(partial(store.enqueue, req.tasks, **kw))))
 
-        return await once(request, go)
+        return await (_guard(go) if durable else once(request, go))
 
     @router.post("/claim")
     async def claim(request: Request) -> Response:
         async def go() -> Response:
             req = await _parse(request, w.ClaimRequest)
             wait_s = capped(req.wait_s, "wait_s")
-            att = await poll(
-                partial(store.claim, req.worker_id, lease_s=req.lease_s, wait_s=wait_s)
-            )
+            take = partial(store.claim, req.worker_id, lease_s=req.lease_s, wait_s=wait_s)
+            att = await claim_for(request, take)
             return _json(w.OPTIONAL_ATTEMPT.dump_json(att))
 
         return await once(request, go)
+
+    async def claim_for(request: Request, take: Callable[[], Any]) -> Any:
+        """Claim, unless the client is gone by the time a rollout is taken: then the
+        claim is undone (no attempt spent) and the answer, which nobody reads, is a 503
+        that is not remembered."""
+        release = getattr(store, "release", None)
+        lock, box = threading.Lock(), {"gone": False, "att": None}
+
+        def work() -> Any:
+            att = take()
+            with lock:
+                gone = box["gone"]
+                box["att"] = att
+            if gone and att is not None and release is not None:
+                release(att)  # the waiting request was cancelled under us
+                log.info("store: claim of %s undone: its client disconnected", att.rollout_id)
+            return att
+
+        try:
+            att = await poll(work)
+        except BaseException:
+            with lock:
+                box["gone"], att = True, box["att"]
+            if att is not None and release is not None:
+                release(att)
+            raise
+        if att is not None and release is not None and await request.is_disconnected():
+            await run(partial(release, att))
+            log.info("store: claim of %s undone: its client disconnected", att.rollout_id)
+            raise StoreUnavailable("the claiming client disconnected")
+        return att
 
     @router.post("/heartbeat")
     async def heartbeat(request: Request) -> Response:

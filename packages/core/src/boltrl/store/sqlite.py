@@ -16,14 +16,16 @@ writer would break them. Other processes reach the store through ``boltrl store 
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
+import time
 from pathlib import Path
 from typing import IO, Any
 
 from boltrl.errors import Conflict, InvalidInput
 from boltrl.records import RECORDS_ADAPTER, AnyRecord, Resources, Rollout, RolloutStatus
-from boltrl.store._engine import StoreEngine
+from boltrl.store._engine import Once, StoreEngine
 
 try:
     import fcntl
@@ -31,6 +33,8 @@ except ImportError:  # pragma: no cover - Windows: no advisory lock, documented 
     fcntl = None  # type: ignore[assignment]
 
 _SCHEMA_VERSION = 1
+_ONCE_KEEP_S = 7 * 24 * 3600.0
+"""How long an enqueue's idempotency key is remembered (a week: far past any retry)."""
 _SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 # The indexed expressions, for the dashboard's read-only SQL (boltrl.dashboard.sqlsource
@@ -54,6 +58,14 @@ CREATE TABLE IF NOT EXISTS rollouts (
     head   TEXT NOT NULL                  -- Rollout JSON without records
 );
 CREATE INDEX IF NOT EXISTS rollouts_by_status ON rollouts (status, ord);
+-- Enqueues done under an Idempotency-Key, written in the enqueue's own transaction, so
+-- a client's retry after a lost answer (a store restart included) does not enqueue again.
+CREATE TABLE IF NOT EXISTS idempotency (
+    key          TEXT PRIMARY KEY,
+    request_hash TEXT NOT NULL,
+    answer       TEXT NOT NULL,           -- the rollout ids, JSON
+    created_at   REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS records (
     seq        INTEGER PRIMARY KEY,       -- global write order (rowid)
     rollout_id TEXT NOT NULL,
@@ -139,11 +151,31 @@ class SqliteStore(StoreEngine):
 
     # -- persistence hooks (called with the engine's lock held) ----------------------------
 
-    def _p_insert(self, rows: list[tuple[int, Rollout]]) -> None:
-        self._tx(
-            "INSERT INTO rollouts (ord, id, status, head) VALUES (?, ?, ?, ?)",
-            [(o, h.id, h.status.value, h.model_dump_json()) for o, h in rows],
-        )
+    def _p_insert(self, rows: list[tuple[int, Rollout]], once: Once | None = None) -> None:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.executemany(
+                "INSERT INTO rollouts (ord, id, status, head) VALUES (?, ?, ?, ?)",
+                [(o, h.id, h.status.value, h.model_dump_json()) for o, h in rows],
+            )
+            if once is not None:
+                now = time.time()
+                db.execute("DELETE FROM idempotency WHERE created_at < ?", (now - _ONCE_KEEP_S,))
+                db.execute(
+                    "INSERT INTO idempotency VALUES (?, ?, ?, ?)",
+                    (once.key, once.request_hash, json.dumps(once.ids), now),
+                )
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def _p_once(self, key: str) -> Once | None:
+        row = self._db.execute(
+            "SELECT request_hash, answer FROM idempotency WHERE key = ?", (key,)
+        ).fetchone()
+        return None if row is None else Once(key=key, request_hash=row[0], ids=json.loads(row[1]))
 
     def _p_update(self, head: Rollout) -> None:
         # A single statement in autocommit mode is its own committed transaction.
