@@ -37,9 +37,9 @@ def test_an_enqueue_key_survives_a_restart_of_a_sqlite_backed_server(tmp_path: P
             answers.append(r.json()["ids"])
             other = _post(server.url, "/rollouts", {"tasks": [{"input": {"q": 2}}]}, "enqueue-1")
             assert other.status_code == 400, other.text
-            assert "'enqueue-1' was first used for another request" in other.json()["error"][
-                "message"
-            ]
+            assert (
+                "'enqueue-1' was first used for another request" in other.json()["error"]["message"]
+            )
             count = store.count()
         store.close()
     assert answers[0] == answers[1] and count == 1

@@ -90,9 +90,9 @@ class _Once:
     """
 
     def __init__(self) -> None:
-        self._done: OrderedDict[
-            str, tuple[str, int, bytes | Callable[[], Awaitable[Response]]]
-        ] = OrderedDict()
+        self._done: OrderedDict[str, tuple[str, int, bytes | Callable[[], Awaitable[Response]]]] = (
+            OrderedDict()
+        )
         """(route, key) → (request digest, status, answer or how to answer again)."""
         self._inflight: dict[str, asyncio.Event] = {}
 
