@@ -163,3 +163,23 @@ def test_the_rl_update_refuses_demonstrations() -> None:
     with pytest.raises(InvalidInput, match=r"transitions: 1 are demonstrations .*boltrl sft"):
         TrainBatch([sampled, demo], [1.0, 1.0], 0, 1.0)
     assert Transition.model_validate_json(demo.model_dump_json()) == demo
+
+
+def test_init_from_and_backend_errors_name_the_field(project: Path, tmp_path: Path) -> None:
+    from boltrl_trainer.config import load_config
+    from boltrl_trainer.warm_start import checkpoint_path, prepare_policy
+
+    with pytest.raises(InvalidInput, match=r"init_from: .* holds no boltrl checkpoint"):
+        checkpoint_path(tmp_path)
+    cfg = load_config(project / "train.yaml", ["backend=verl"])
+    with pytest.raises(InvalidInput, match=r"warm_start / init_from: the torch backend only"):
+        prepare_policy(
+            cfg,
+            agent=None,
+            server=None,
+            trainer=None,
+            store=None,
+            out_dir=tmp_path,  # type: ignore[arg-type]
+        )
+    with pytest.raises(InvalidInput, match=r"warm_start.teacher.model.model: Field required"):
+        load_config(project / "train.yaml", ["warm_start.teacher={base_url: x}"])

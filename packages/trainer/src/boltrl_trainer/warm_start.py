@@ -210,7 +210,12 @@ def warm_start(
     if cfg.tasks.val is not None:
         val_tasks = load_tasks(cfg.tasks.val, split="val")[: cfg.tasks.limit_val]
     result = WarmStartResult({}, out_dir=out, policy_version=backend.policy_version)
-    metrics = MetricsWriter(out)
+    metrics = MetricsWriter(
+        out,
+        report_to=cfg.report_to,
+        run_name=f"{out_dir.name}-warm_start",
+        config=cfg.model_dump(mode="json"),
+    )
     try:
         if ws.validate_before and val_tasks:
             result.val_before = _validate(cfg, agent, backend, store, val_tasks, "val before", rep)
@@ -290,10 +295,7 @@ def prepare_policy(
     with a fresh optimizer and reports the version now served. Returns the warm start's
     result (None without one). Raises ``InvalidInput`` for another backend than torch."""
     if cfg.backend != "torch":
-        raise InvalidInput(
-            "warm_start / init_from: torch backend only (run boltrl sft, then serve its "
-            "checkpoint to verl)"
-        )
+        raise InvalidInput("warm_start / init_from: the torch backend only (backend: torch)")
     if cfg.init_from is not None:
         server.set_policy_version(load_init(server.model, cfg.init_from))
     result = None
