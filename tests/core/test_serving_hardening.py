@@ -157,6 +157,11 @@ def test_over_size_bodies_get_413_before_anything_is_written(store: Store) -> No
         assert r.status_code == 413
         with HttpStore(srv.url) as http, pytest.raises(InvalidInput, match="over the limit"):
             http.enqueue([Task(input={"blob": "x" * 2000})])
+    with serve_in_thread(store) as srv:  # default limits: a 50 MB task
+        body = b'{"tasks":[{"input":{"blob":"' + b"x" * 50_000_000 + b'"}}]}'
+        r = httpx.post(f"{srv.url}/store/rollouts", content=body, headers=JSON_TYPE, timeout=60)
+        assert r.status_code == 400
+        assert r.json()["error"]["message"].startswith("tasks[0].input: larger than")
     assert store.count() == 0
 
 
@@ -172,6 +177,7 @@ def test_values_that_would_not_read_back_are_refused_naming_the_field(tmp_path: 
         ({"x": 2**64}, "tasks[0].input.x: integer out of range"),
         ({"x": "\ud800"}, "tasks[0].input.x: string is not valid Unicode"),
         (deep, "tasks[0].input.items.items.items.+: nested deeper than 64 levels"),
+        ({"x": "y" * (16 * 2**20)}, "tasks[0].input: larger than 16,777,216 bytes"),
     ]
     backing = MemoryStore()
     with serve_in_thread(backing) as srv:
