@@ -148,7 +148,8 @@ def rollout_detail(
         "created_at": rollout.created_at,
         "finished_at": rollout.finished_at,
         "max_attempts": rollout.max_attempts,
-        "attempts": [a.model_dump(exclude={"task"}) for a in rollout.attempts],
+        # A running attempt's lease token (in the raw SQLite head) is not for display.
+        "attempts": [a.model_dump(exclude={"task", "token"}) for a in rollout.attempts],
         "unjoined_calls": rollout.unjoined_calls,
         "counts": {
             "calls": len(rollout.calls),
