@@ -258,3 +258,30 @@ def test_a_context_copying_thread_cannot_write_after_its_rollout_finished() -> N
     assert [(e.name, e.value) for e in r.rewards] == [("during", 0.25)]
     assert r.tool_steps == []
     store.close()
+
+
+def test_the_dashboard_beside_a_live_sqlite_store_does_not_show_lease_tokens(
+    tmp_path: Path,
+) -> None:
+    from boltrl.dashboard import create_dashboard_app
+    from boltrl.dashboard.source import open_source
+    from boltrl.store import SqliteStore
+    from boltrl.store.server import RunningServer
+
+    path = tmp_path / "live.db"
+    store = SqliteStore(path)
+    [rid] = store.enqueue([Task(input={})])
+    att = store.claim("w")  # running: its token sits in the raw head the dashboard reads
+    assert att is not None and att.token is not None
+    source, _ = open_source(f"sqlite:///{path}")
+    app = create_dashboard_app(source, poll_s=0.1)
+    server = RunningServer(app)
+    try:
+        for route in (f"/api/rollouts/{rid}", "/api/rollouts", "/api/workers"):
+            r = httpx.get(f"{server.url}{route}", timeout=30)
+            assert r.status_code == 200, (route, r.text)
+            assert att.token not in r.text, route
+    finally:
+        app.state.dashboard.close()
+        server.stop()
+        store.close()
