@@ -109,7 +109,7 @@ def _serve(args: argparse.Namespace) -> int:
         with gateway:
             print(
                 f"boltrl serving {backend.model_name} on {gateway.url}/v1"
-                f" (rollout calls: {gateway.url}/rollouts/ROLLOUT_ID/v1)",
+                f" (rollout calls: {gateway.url}/rollouts/ROLLOUT_ID/attempts/N/TOKEN/v1)",
                 flush=True,
             )
             stop.wait()

@@ -96,7 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
     with gateway:
         print(
             f"boltrl gateway serving {args.model} from {backend.base_url} on {gateway.url}"
-            f" (rollout calls: {gateway.url}/rollouts/ROLLOUT_ID/v1)",
+            f" (rollout calls: {gateway.url}/rollouts/ROLLOUT_ID/attempts/N/TOKEN/v1)",
             flush=True,
         )
         stop.wait()

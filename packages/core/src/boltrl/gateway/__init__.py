@@ -1,9 +1,11 @@
 """The gateway: an OpenAI-compatible endpoint that records every rollout call exactly.
 
-Agents get ``{gateway}/rollouts/{rollout_id}/v1`` as their OpenAI ``base_url``; each call
-is served by a ``Backend`` and filed as an ``LLMCall`` (prompt and response token ids,
-logprobs, policy version, template hash) under the rollout's running attempt before the
-agent sees the answer. ``/v1`` without a rollout serves calls that are not recorded.
+Agents get ``{gateway}/rollouts/{rollout_id}/attempts/{number}/{token}/v1`` as their
+OpenAI ``base_url`` (``Attempt.route``: the attempt's lease token fences it); each call is
+served by a ``Backend`` and filed as an ``LLMCall`` (prompt and response token ids,
+logprobs, policy version, template hash) under that attempt before the agent sees the
+answer, or refused (409) when the attempt is no longer the rollout's current one. ``/v1``
+without a rollout serves calls that are not recorded.
 
 Names are imported lazily: backends import ``boltrl.gateway.backend`` without paying
 for the web stack.
