@@ -112,13 +112,19 @@ def _walk(path: str, value: Any) -> int:
 
 
 def _plain_numbers(v: list[Any] | tuple[Any, ...]) -> bool:
-    """Whether ``v`` is non-empty and all finite floats and in-range ints."""
+    """Whether ``v`` is non-empty and all finite floats and in-range ints (else the
+    caller walks it item by item, which also finds the culprit)."""
     if not v or type(v[0]) not in (int, float):
         return False
     try:
-        return all(map(math.isfinite, v)) and -MAX_INT - 1 <= min(v) and max(v) <= MAX_INT
-    except (TypeError, OverflowError):  # a string in the list, an int beyond a float
+        # A sum is non-finite when any item is NaN or ±inf (or finite floats overflow:
+        # then the item walk accepts them); it raises for anything but numbers.
+        total = sum(v)
+    except (TypeError, OverflowError):
         return False
+    if isinstance(total, float) and not math.isfinite(total):
+        return False
+    return -MAX_INT - 1 <= min(v) and max(v) <= MAX_INT
 
 
 def _scalar(where: str, v: Any) -> int:
