@@ -80,7 +80,7 @@ def child(rollouts: int, store_url: str) -> None:
     for _ in range(rollouts):
         attempt = store.claim("bench", lease_s=3600)
         assert attempt is not None
-        ids.append(attempt.rollout_id)
+        ids.append(attempt.route)  # the attempt's fenced route, token included
     with Gateway(ScriptedBackend([REPLY]), store) as gw:
         print(json.dumps({"url": gw.url, "rollouts": ids}), flush=True)
         sys.stdin.read()  # serve until the parent closes our stdin
@@ -235,7 +235,7 @@ def main() -> None:
     routes = {
         "unrecorded (/v1)": ["/v1/chat/completions"],
         f"recorded (/rollouts/{{id}}/v1, {args.store} store)": [
-            f"/rollouts/{r}/v1/chat/completions" for r in rollouts
+            f"{r}/v1/chat/completions" for r in rollouts
         ],
     }
     results: dict[str, Any] = {

@@ -36,9 +36,11 @@ def server(upstream: str, rollouts: int) -> None:
     from boltrl.store.server import serve_in_thread
 
     store = MemoryStore()
-    ids = store.enqueue([Task(input={"proxy": i}) for i in range(rollouts)])
-    for _ in ids:
-        assert store.claim("proxy-bench", lease_s=24 * 3600) is not None
+    ids = []  # the claimed attempts' recorded routes (lease token included)
+    for _ in store.enqueue([Task(input={"proxy": i}) for i in range(rollouts)]):
+        attempt = store.claim("proxy-bench", lease_s=24 * 3600)
+        assert attempt is not None
+        ids.append(attempt.route)
     with (
         serve_in_thread(store) as served,
         Gateway(UpstreamBackend(upstream, "scripted"), store) as gw,
@@ -77,7 +79,7 @@ class Agents:
         [rid] = self.store.enqueue([Task(input={"i": self.n})])
         attempt = self.store.claim("agent", lease_s=600)
         assert attempt is not None and attempt.rollout_id == rid
-        graph = self.lc.build(f"{self.gateway}/rollouts/{rid}/v1", on_tool)
+        graph = self.lc.build(f"{self.gateway}{attempt.route}/v1", on_tool)
         t0 = time.perf_counter()
         with RolloutContext(attempt, self.store.record):
             self.lc.run(graph, self.n, tools, [BoltrlCallbackHandler()])

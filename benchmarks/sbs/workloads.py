@@ -241,7 +241,7 @@ def proxy(s: Sides, sz: Sizes) -> Report:
         "direct": (s.upstream, ["/v1/chat/completions"]),
         "boltrl": (
             s.boltrl_server["gateway"],
-            [f"/rollouts/{rid}/v1/chat/completions" for rid in s.boltrl_server["rollouts"]],
+            [f"{route}/v1/chat/completions" for route in s.boltrl_server["rollouts"]],
         ),
     }
     if s.peer_server is not None:
