@@ -10,11 +10,10 @@ from typing import Any
 import torch
 
 from boltrl.gateway.backend import Generation, GenerationRequest
+from boltrl.records import JSON
 from boltrl_trainer._chat import TOOLS_PROMPT
 from boltrl_trainer.models import load_model
 from boltrl_trainer.serving import TransformersBackend
-
-JSON = dict[str, Any]
 
 
 def chat(text: str, **kw: Any) -> GenerationRequest:

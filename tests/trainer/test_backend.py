@@ -7,7 +7,6 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -15,10 +14,10 @@ from backend_util import Forced, assert_generation_truth, chat
 
 from boltrl.errors import BackendUnavailable, InvalidInput
 from boltrl.gateway.backend import Backend, Generation, GenerationRequest
+from boltrl.records import JSON
 from boltrl_trainer.models import SMOLLM2_CHAT_TEMPLATE, load_model
 from boltrl_trainer.serving import TransformersBackend
 
-JSON = dict[str, Any]
 pytestmark = pytest.mark.usefixtures("no_backend_errors")
 
 

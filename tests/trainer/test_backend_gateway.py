@@ -18,13 +18,12 @@ import pytest
 from backend_util import Forced, assert_token_truth
 
 from boltrl.gateway import Gateway
-from boltrl.records import Attempt, LLMCall, Task
+from boltrl.records import JSON, Attempt, LLMCall, Task
 from boltrl.store import open_store
 from boltrl.store.base import Store
 from boltrl_trainer._chat import template_hash
 from boltrl_trainer.serving import TransformersBackend
 
-JSON = dict[str, Any]
 pytestmark = pytest.mark.usefixtures("no_backend_errors")
 ADD_TOOL: JSON = {
     "type": "function",
@@ -129,9 +128,7 @@ def test_concurrent_rollouts_are_batched_and_attributed(
         return r.id, messages
 
     with Gateway(backend, store) as gw, ThreadPoolExecutor(len(attempts)) as pool:
-        futures = [
-            pool.submit(agent, i, a, gw.rollout_url(a)) for i, a in enumerate(attempts)
-        ]
+        futures = [pool.submit(agent, i, a, gw.rollout_url(a)) for i, a in enumerate(attempts)]
         results = [f.result() for f in futures]
     assert backend.stats()["batches"] - before["batches"] < len(attempts)
     for i, (attempt, (call_id, messages)) in enumerate(zip(attempts, results, strict=True)):

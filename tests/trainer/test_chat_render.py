@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from boltrl.records import JSON
 from boltrl_trainer._chat import (
     TOOLS_PROMPT,
     fallback_messages,
@@ -19,7 +20,6 @@ from boltrl_trainer._chat import (
 )
 from boltrl_trainer._sampling import _draw
 
-JSON = dict[str, Any]
 TOOL: JSON = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
 HISTORY: list[JSON] = [
     {"role": "developer", "content": "Use tools."},

@@ -77,7 +77,8 @@ def test_rollouts_run_on_the_engines_and_their_ids_reach_the_verl_batch(
     # load and timing, so it is not asserted.
     served = [b.calls for b in backends]
     assert sum(served) == 12 and all(n > 0 and n % 2 == 0 for n in served), served
-    assert sorted(r.reward for r in rollouts) == [0.0] * 3 + [1.0] * 3
+    # a rollout scores 1 exactly when replica 1 served both its calls (the split varies)
+    assert sorted(r.reward for r in rollouts) == [0.0] * (served[0] // 2) + [1.0] * (served[1] // 2)
     items = [t for r in rollouts for t in transitions(r, CreditConfig())]
     assert len(items) == 12
     for r in rollouts:

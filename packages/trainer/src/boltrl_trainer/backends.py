@@ -34,8 +34,12 @@ class TorchBackend:
         model, tok = load_policy(cfg)
         server = serve_policy(cfg, model, tok)
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        algo = make_config(cfg.algorithm, cfg.algo)
-        return server, TorchTrainingBackend(model, algo, cfg.optim, pad_id=int(pad))
+        try:
+            algo = make_config(cfg.algorithm, cfg.algo)
+            return server, TorchTrainingBackend(model, algo, cfg.optim, pad_id=int(pad))
+        except BaseException:
+            server.close()
+            raise
 
     def serve(self, cfg: TrainConfig, checkpoint: Path | None = None) -> PolicyServer:
         return serve_for_eval(cfg, checkpoint)
