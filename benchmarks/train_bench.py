@@ -31,6 +31,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="run folder (default: a temp dir)")
     args = ap.parse_args()
 
+    from boltrl_trainer.cli_report import ConsoleReporter
     from boltrl_trainer.config import load_config
     from boltrl_trainer.demo import DEMO_CONFIG
     from boltrl_trainer.models import tiny_model
@@ -50,7 +51,8 @@ def main() -> None:
         "progress": False,
     }
     t0 = time.perf_counter()
-    Trainer(load_config(data=data), run_name="train-bench").run()
+    reporter = ConsoleReporter(progress=False)  # the per-step lines, as boltrl train prints
+    Trainer(load_config(data=data), run_name="train-bench", reporter=reporter).run()
     total = time.perf_counter() - t0
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "time/step_s" in r]
