@@ -28,15 +28,13 @@ from boltrl.dashboard.model import (
     RecordFacts,
 )
 from boltrl.errors import InvalidInput, NotFound
+from boltrl.join import assemble
 from boltrl.records import RECORDS_ADAPTER, RewardEvent, Rollout
 from boltrl.scoring import rollout_score
-from boltrl.store._checks import assemble
-
-_RUN = "json_extract(head, '$.task.metadata.run')"
-_TASK = "json_extract(head, '$.task.id')"
-_AGENT = "json_extract(body, '$.agent')"
-_AGENT_KINDS = "kind IN ('call_annotation', 'tool_step')"
-"""Must match the ``records_by_agent`` index's WHERE clause word for word."""
+from boltrl.store.sqlite import AGENT_EXPR as _AGENT
+from boltrl.store.sqlite import AGENT_KINDS as _AGENT_KINDS
+from boltrl.store.sqlite import RUN_EXPR as _RUN
+from boltrl.store.sqlite import TASK_EXPR as _TASK
 
 _PATHS = (
     "$.task.id", "$.task.metadata.run", "$.task.metadata.phase", "$.task.metadata.step",
