@@ -1,0 +1,152 @@
+"""An example's whole recipe (warm start, then RL) over several seeds: held-out reward of the
+base model, after the warm start and after RL, mean ± std, wall time, load average, and a
+learning-curve PNG (held-out reward against wall time, one line per seed).
+
+Runs the real CLI (`boltrl train CONFIG`) once per seed, sequentially (the machine has 2
+cores), and reads each run's metrics files, so the figures are what a user's run shows:
+the warm start's `warm_start/metrics.jsonl` holds the base model's validation (step 0)
+and the run's `metrics.jsonl` holds validation after the warm start (step 0) and after RL.
+
+    uv run python benchmarks/recipe_seeds.py examples/calc_agent/train.yaml --seeds 0 1 2
+    uv run python benchmarks/recipe_seeds.py examples/calc_agent/train.yaml --set steps=0
+
+Prints one markdown table row per seed and a summary row; `--png` writes the curve.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def _val(rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(unix time, val reward) of each validation row."""
+    return [(r["time"], r["val/reward_mean"]) for r in rows if "val/reward_mean" in r]
+
+
+def run(config: str, seed: int, out: Path, extra: list[str], log: Path) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "boltrl.cli",
+        "train",
+        config,
+        "--set",
+        f"seed={seed}",
+        "--set",
+        f"out_dir={out.resolve()}",
+        "--set",
+        "progress=false",
+        *extra,
+    ]
+    load0 = os.getloadavg()[0]
+    t0 = time.time()
+    with log.open("w") as fh:
+        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, text=True)
+    wall = time.time() - t0
+    load1 = os.getloadavg()[0]
+    if proc.returncode != 0:
+        raise SystemExit(f"seed {seed} failed (exit {proc.returncode}); see {log}")
+    ws = _val(_rows(out / "warm_start" / "metrics.jsonl"))
+    rl = _val(_rows(out / "metrics.jsonl"))
+    res: dict[str, Any] = {
+        "seed": seed,
+        "base": ws[0][1] if ws else (rl[0][1] if rl else None),
+        "warm": rl[0][1] if ws and rl else None,
+        "rl": rl[-1][1] if rl else None,
+        "wall_s": wall,
+        "load": (load0, load1),
+        "curve": [(t - t0, v) for t, v in ws[:1] + rl],
+    }
+    return res
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def _ms(xs: list[float]) -> str:
+    if not xs:
+        return "n/a"
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return f"{statistics.mean(xs):.3f} ± {sd:.3f}"
+
+
+def plot(results: list[dict[str, Any]], png: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    for r in results:
+        xs = [t / 60 for t, _ in r["curve"]]
+        ys = [v for _, v in r["curve"]]
+        ax.plot(xs, ys, marker="o", label=f"seed {r['seed']}")
+    ax.set_xlabel("wall time (minutes): base, after warm start, during/after RL")
+    ax.set_ylabel("held-out reward (greedy)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("config")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--out", default=None, help="default runs/recipe-<example>")
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--png", default=None, help="write the learning curve here")
+    args = ap.parse_args()
+    name = Path(args.config).resolve().parent.name
+    out = Path(args.out or f"runs/recipe-{name}")
+    out.mkdir(parents=True, exist_ok=True)
+    extra = [x for o in args.overrides for x in ("--set", o)]
+    print("| seed | base | after warm start | after RL | RL gain | wall (s) | load avg |")
+    print("|---:|---:|---:|---:|---:|---:|---|")
+    results = []
+    for s in args.seeds:
+        r = run(args.config, s, out / f"seed-{s}", extra, out / f"seed-{s}.log")
+        results.append(r)
+        gain = None if r["rl"] is None or r["warm"] is None else r["rl"] - r["warm"]
+        print(
+            f"| {s} | {_fmt(r['base'])} | {_fmt(r['warm'])} | {_fmt(r['rl'])} | "
+            f"{'n/a' if gain is None else f'{gain:+.3f}'} | {r['wall_s']:.0f} | "
+            f"{r['load'][0]:.1f} → {r['load'][1]:.1f} |",
+            flush=True,
+        )
+
+    def col(k: str) -> list[float]:
+        return [r[k] for r in results if r[k] is not None]
+
+    gains = [r["rl"] - r["warm"] for r in results if r["rl"] is not None and r["warm"] is not None]
+    print(
+        f"| mean ± std | {_ms(col('base'))} | {_ms(col('warm'))} | {_ms(col('rl'))} | "
+        f"{_ms(gains)} | {statistics.mean(col('wall_s')):.0f} | |"
+    )
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    if args.png:
+        plot(results, Path(args.png), f"{name}: warm start then RL ({len(results)} seeds)")
+        print(f"plot: {args.png}")
+
+
+if __name__ == "__main__":
+    main()
