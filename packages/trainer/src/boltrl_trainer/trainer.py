@@ -29,6 +29,7 @@ from boltrl.store.base import Store
 from boltrl_trainer.algorithms import RunningBaseline, compute_advantages, make_config
 from boltrl_trainer.backends import backend_for
 from boltrl_trainer.config import TrainConfig
+from boltrl_trainer.malloc_tuning import tune_malloc
 from boltrl_trainer.metrics import MetricsWriter, plot_rewards
 from boltrl_trainer.reporting import LogReporter, Reporter
 from boltrl_trainer.seams import PolicyServer, TrainBatch, TrainingBackend, weight_swap
@@ -98,6 +99,7 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
+        tune_malloc()  # before the runner threads: freed activations go back to the OS
         t0 = time.perf_counter()
         server, trainer = self.kind.build(cfg)
         store = open_store(cfg.store_url)
