@@ -47,6 +47,8 @@ AGENT = textwrap.dedent(
             ctypes.string_at(0)
         if kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "bloat":
+            blob = bytearray(16 * 2**30)  # far past the worker's memory cap
         if kind == "hang":
             time.sleep(3600)
         if kind == "raise":
@@ -146,6 +148,18 @@ def test_a_hung_agent_is_bounded_by_the_default_timeout_and_its_process_killed(
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # killed, not left running
     assert ok.status is RolloutStatus.SUCCEEDED and _pids(ok) != [pid]
+
+
+def test_a_memory_blow_up_under_a_cap_fails_its_rollout_and_spares_the_worker(
+    spec: str, store: MemoryStore
+) -> None:
+    ids = store.enqueue([Task(input={"kind": "bloat"}), Task(input={})], max_attempts=1)
+    Runner(spec, store, isolation="process", worker_memory_mb=2048, claim_wait_s=0.1).run(
+        exit_when_idle=True
+    )
+    bloat, ok = store.get(ids[0]), store.get(ids[1])
+    assert bloat.attempts[0].error_kind == "exception" and "MemoryError" in (bloat.error or "")
+    assert ok.status is RolloutStatus.SUCCEEDED and _pids(ok) == _pids(bloat)
 
 
 def test_a_thread_runner_applies_the_default_timeout_too(store: MemoryStore) -> None:

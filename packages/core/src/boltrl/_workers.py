@@ -84,13 +84,20 @@ def _watch_parent(parent: int) -> None:
             os._exit(3)
 
 
-def worker_main(conn: multiprocessing.connection.Connection, spec: str, parent: int) -> None:
+def worker_main(
+    conn: multiprocessing.connection.Connection, spec: str, parent: int, memory_mb: int | None
+) -> None:
     """Entry point of a worker process: load the agent, then run what the runner sends."""
     from boltrl.context import RolloutContext
     from boltrl.loading import load_object
     from boltrl.runner import _AgentRun, _as_reward, _default_retryable
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle
+    if memory_mb is not None:  # a blow-up becomes the agent's MemoryError, not the OOM killer's
+        import resource
+
+        limit = memory_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     try:
         agent = load_object(spec, what="agent")
@@ -141,12 +148,12 @@ def worker_main(conn: multiprocessing.connection.Connection, spec: str, parent: 
 class Worker:
     """One worker process and the runner's end of its pipe."""
 
-    def __init__(self, spec: str) -> None:
+    def __init__(self, spec: str, memory_mb: int | None = None) -> None:
         parent, child = _SPAWN.Pipe(duplex=True)
         self.conn = parent
         self.process = _SPAWN.Process(
             target=worker_main,
-            args=(child, spec, os.getpid()),
+            args=(child, spec, os.getpid(), memory_mb),
             name="boltrl-agent-worker",
             daemon=True,
         )
@@ -300,8 +307,12 @@ class SlotWorkers:
     that slot's rollouts, replaced after it dies or is killed. Thread-safe per slot
     (each slot is used by its own thread only)."""
 
-    def __init__(self, agent: Callable[..., Any] | str, slots: int) -> None:
+    def __init__(
+        self, agent: Callable[..., Any] | str, slots: int, memory_mb: int | None = None
+    ) -> None:
         self.spec = agent_spec(agent)
+        self.memory_mb = memory_mb
+        """Address-space limit of each worker (RLIMIT_AS), None for none."""
         self._workers: list[Worker | None] = [None] * slots
 
     def run(
@@ -314,7 +325,7 @@ class SlotWorkers:
             if worker is not None:
                 worker.kill()
             self._workers[slot] = None
-            worker = self._workers[slot] = Worker(self.spec)
+            worker = self._workers[slot] = Worker(self.spec, self.memory_mb)
         return ProcessRun(worker, attempt, task_input, llm, ctx.send)
 
     def prestart(self) -> None:
@@ -322,7 +333,7 @@ class SlotWorkers:
         cannot be imported. Call before the slots run."""
         for slot, worker in enumerate(self._workers):
             if worker is None or not worker.alive:
-                self._workers[slot] = Worker(self.spec)
+                self._workers[slot] = Worker(self.spec, self.memory_mb)
 
     def stop(self, slot: int) -> None:
         worker, self._workers[slot] = self._workers[slot], None

@@ -246,10 +246,14 @@ class Runner:
         isolation: Isolation = "thread",
         default_timeout_s: float | None = DEFAULT_TIMEOUT_S,
         poison_after: int = DEFAULT_POISON_AFTER,
+        worker_memory_mb: int | None = None,
     ) -> None:
         """``agent`` is the agent function or its ``module:function`` spec (required
         form for ``isolation="process"`` unless the function is importable by its module
         and name). ``default_timeout_s`` None lets rollouts without a timeout run forever.
+        ``worker_memory_mb`` caps each worker process's address space (process isolation
+        only), so an agent's memory blow-up is its own ``MemoryError`` (a failed rollout)
+        rather than the OOM killer's choice of victim.
         """
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1 (got {concurrency})")
@@ -264,7 +268,9 @@ class Runner:
         self.isolation: Isolation = isolation
         self.default_timeout_s = default_timeout_s
         self.poison_after = poison_after
-        self._slots = SlotWorkers(agent, concurrency) if isolation == "process" else None
+        self._slots = (
+            SlotWorkers(agent, concurrency, worker_memory_mb) if isolation == "process" else None
+        )
         if isinstance(agent, str) and self._slots is None:
             from boltrl.loading import load_object
 

@@ -36,6 +36,13 @@ def _add(p: argparse.ArgumentParser) -> None:
         default=1800.0,
         help="seconds a rollout enqueued without timeout_s may run (default 1800)",
     )
+    p.add_argument(
+        "--worker-memory-mb",
+        type=int,
+        default=None,
+        help="cap each agent worker's address space (process isolation): a memory blow-up "
+        "fails its rollout with MemoryError",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -61,6 +68,7 @@ def _run(args: argparse.Namespace) -> int:
         lease_s=args.lease,
         isolation=args.isolation,
         default_timeout_s=args.default_timeout,
+        worker_memory_mb=args.worker_memory_mb,
     )
     try:
         runner.prestart()
