@@ -11,6 +11,7 @@ from typing import Any
 from boltrl.errors import BoltrlError
 from boltrl_trainer.cli_report import ConsoleReporter
 from boltrl_trainer.cli_sft import sft_args, sft_run
+from boltrl_trainer.failures import AllRolloutsFailed
 
 __all__ = ["ConsoleReporter", "register"]
 
@@ -55,6 +56,9 @@ def _train_run(args: argparse.Namespace) -> int:
         result = Trainer(cfg, reporter=ConsoleReporter(progress=cfg.progress)).run(
             resume=args.resume
         )
+    except AllRolloutsFailed as e:
+        print(f"boltrl train: {e}", file=sys.stderr)
+        return 1
     except BoltrlError as e:
         print(f"boltrl train: {e}", file=sys.stderr)
         return 2
@@ -83,10 +87,20 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N tasks of each split")
     p.add_argument("--per-task", type=int, default=20, help="task rows to print per split")
     p.add_argument("--report", default=None, help="write a JSON report here")
+    p.add_argument(
+        "--store",
+        default=None,
+        help="record the eval's rollouts in this store URL (default: the config's store)",
+    )
+    p.add_argument(
+        "--run-name",
+        default=None,
+        help="the eval's run name in the store (default eval-YYYYmmdd-HHMMSS, UTC)",
+    )
 
 
 def _eval_run(args: argparse.Namespace) -> int:
-    from boltrl_trainer.evaluate import evaluate, format_table, write_report
+    from boltrl_trainer.evaluate import all_failed, evaluate, format_table, write_report
 
     try:
         cfg = _load(args)
@@ -105,6 +119,8 @@ def _eval_run(args: argparse.Namespace) -> int:
             checkpoint=args.checkpoint,
             temperature=args.temperature,
             limit=args.limit,
+            store_url=args.store,
+            run_name=args.run_name,
             reporter=ConsoleReporter(progress=cfg.progress),
         )
     except BoltrlError as e:
@@ -114,6 +130,12 @@ def _eval_run(args: argparse.Namespace) -> int:
     report = Path(args.report) if args.report else Path(cfg.out_dir) / "eval.json"
     write_report(results, report)
     print(f"report: {report}")
+    if all_failed(results):
+        lines = ["every rollout failed:"]
+        for res in results:
+            lines.extend(f"  {res.split}: {g.line()}" for g in res.errors)
+        print("boltrl eval: " + "\n".join(lines), file=sys.stderr)
+        return 1
     return 0
 
 

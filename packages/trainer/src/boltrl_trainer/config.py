@@ -4,6 +4,19 @@ Every field is documented where it is declared; a bad value is rejected with an 
 that names the field (``grpo.clip_low: must be > 0``) before anything starts.
 Command-line overrides use dotted keys: ``--set steps=4 --set grpo.group_size=8``.
 
+Relative paths follow one rule: **a path is relative to where it was written.** A
+relative path written in the config file resolves against the config file's folder;
+one given on the command line (``--set key=…``, ``--out``) or in an inline config
+(``boltrl demo``) against the working directory, as any command-line path does; a
+default the file leaves unset (``out_dir``) counts as written in the file. Path-like
+fields are ``agent`` and ``tasks.*`` (when they name a ``.py`` / ``.jsonl`` / ``.json``
+file rather than ``module:function``), ``out_dir``, ``store`` (a ``sqlite:///`` URL's
+path), ``init_from``, ``model`` (when it names a folder that exists there: otherwise it
+is a hub name or ``smollm2``), and ``warm_start.tasks`` / ``warm_start.teacher`` (a
+``file.py:function`` or a ``{store: URL}``). So ``out_dir: ../../runs/calc`` beside
+``examples/calc/train.yaml`` is ``runs/calc`` under the repository root, wherever
+``boltrl train`` is started from; the default store follows ``out_dir``.
+
 ``load_config`` checks the schema; what only a backend knows (settings that would do
 nothing under verl, a missing GPU stack) is its registry entry's ``check``
 (``boltrl_trainer.backends.backend_for``), which the trainer and ``boltrl eval`` run
@@ -12,6 +25,7 @@ before anything starts. This module knows no backend, so they can import it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 from boltrl.errors import InvalidInput
 from boltrl_trainer.trackers import DEFAULT_REPORT_TO, ReportTo
 from boltrl_trainer.verl.settings import VerlConfig
-from boltrl_trainer.warm_start_config import WarmStartConfig
+from boltrl_trainer.warm_start_config import TeacherStoreConfig, WarmStartConfig
 
 
 class _Cfg(BaseModel):
@@ -124,9 +138,11 @@ class TrainConfig(_Cfg):
     checkpoint_every: int = Field(default=0, ge=0)
     """Checkpoint every N steps (0: only at the end)."""
     out_dir: str = "runs/boltrl"
-    """Where metrics, checkpoints, the plot and (by default) the store go."""
+    """Where metrics, checkpoints, the plot and (by default) the store go (relative to
+    the config file; see the module docstring)."""
     store: str | None = None
-    """Store URL; default ``sqlite:///{out_dir}/store.db``."""
+    """Store URL; default ``sqlite:///{out_dir}/store.db``. ``boltrl eval`` records into
+    it too (its runs are named ``eval-…``)."""
     seed: int = 0
     progress: bool = True
     """Show a live progress bar."""
@@ -188,6 +204,8 @@ def load_config(
     are separate (see the module docstring).
     """
     raw: dict[str, Any] = dict(data or {})
+    # keys not read from the file: their paths are the working directory's
+    from_cli = set(raw) | {item.partition("=")[0].strip() for item in overrides or []}
     base = Path.cwd()
     source = "(inline)"
     if path is not None:
@@ -212,29 +230,74 @@ def load_config(
         cfg = TrainConfig.model_validate(raw)
     except ValidationError as e:
         raise InvalidInput(_format_errors(e, source)) from None
-    out = _resolve_paths(cfg, base)
+
+    def base_of(key: str) -> Path | None:
+        cli = path is None or any(key == k or key.startswith(k + ".") for k in from_cli)
+        return None if cli else base  # None: already relative to the working directory
+
+    out = _resolve_paths(cfg, base_of)
     out._source = source
     return out
 
 
-def _resolve(value: str | None, base: Path) -> str | None:
-    if value is None:
-        return None
+def _resolve(value: str | None, base: Path | None) -> str | None:
+    """``file.py:fn`` / ``x.jsonl`` / ``x.json`` against ``base``; ``module:fn`` as is."""
+    if value is None or base is None:
+        return value
     head = value.split(":", 1)[0]
     if head.endswith((".py", ".jsonl", ".json")) and not Path(head).is_absolute():
         return str(base / value)
     return value
 
 
-def _resolve_paths(cfg: TrainConfig, base: Path) -> TrainConfig:
+def _resolve_dir(value: str | None, base: Path | None) -> str | None:
+    if value is None or base is None or Path(value).expanduser().is_absolute():
+        return value
+    return str(base / value)
+
+
+def _resolve_store(url: str | None, base: Path | None) -> str | None:
+    """A relative ``sqlite:///path`` against ``base``; other URLs as they are."""
+    if url is None or base is None or not url.startswith("sqlite:///"):
+        return url
+    if url.startswith("sqlite:////"):
+        return url
+    return "sqlite:///" + str(base / url.removeprefix("sqlite:///"))
+
+
+def _resolve_model(value: str, base: Path | None) -> str:
+    p = Path(value).expanduser()
+    if base is None or p.is_absolute() or not (base / p).is_dir():
+        return value  # a hub name, an alias (smollm2) or an absolute path
+    return str(base / p)
+
+
+def _resolve_paths(cfg: TrainConfig, base_of: Callable[[str], Path | None]) -> TrainConfig:
+    """``cfg`` with every path-like field resolved by the module docstring's rule;
+    ``base_of(dotted_key)`` is the folder a field's value is relative to (None: the
+    working directory, so it stays as written)."""
     tasks = cfg.tasks.model_copy(
         update={
-            "train": _resolve(cfg.tasks.train, base),
-            "val": _resolve(cfg.tasks.val, base),
-            "test": _resolve(cfg.tasks.test, base),
+            k: _resolve(getattr(cfg.tasks, k), base_of(f"tasks.{k}"))
+            for k in ("train", "val", "test")
         }
     )
-    update: dict[str, Any] = {"agent": _resolve(cfg.agent, base), "tasks": tasks}
+    out_dir = _resolve_dir(cfg.out_dir, base_of("out_dir"))
+    update: dict[str, Any] = {
+        "agent": _resolve(cfg.agent, base_of("agent")),
+        "tasks": tasks,
+        "out_dir": out_dir,
+        "store": _resolve_store(cfg.store, base_of("store")),
+        "init_from": _resolve_dir(cfg.init_from, base_of("init_from")),
+        "model": _resolve_model(cfg.model, base_of("model")),
+    }
     if cfg.warm_start is not None:
-        update["warm_start"] = cfg.warm_start.resolved(lambda v: _resolve(v, base))
+        ws = cfg.warm_start.resolved(lambda v: _resolve(v, base_of("warm_start.tasks")))
+        if isinstance(cfg.warm_start.teacher, str):
+            teacher_base = base_of("warm_start.teacher")
+            ws = ws.model_copy(update={"teacher": _resolve(cfg.warm_start.teacher, teacher_base)})
+        elif isinstance(ws.teacher, TeacherStoreConfig):
+            url = _resolve_store(ws.teacher.store, base_of("warm_start.teacher.store"))
+            ws = ws.model_copy(update={"teacher": ws.teacher.model_copy(update={"store": url})})
+        update["warm_start"] = ws
     return cfg.model_copy(update=update)

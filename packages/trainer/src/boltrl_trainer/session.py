@@ -28,6 +28,7 @@ from boltrl.records import Resources, Rollout, Task
 from boltrl.runner import AgentFn, Runner
 from boltrl.scoring import summarize_scores
 from boltrl.store.base import Store
+from boltrl_trainer.failures import failure_lines, silent_line
 from boltrl_trainer.reporting import LogReporter, Reporter
 
 log = logging.getLogger(__name__)
@@ -163,7 +164,11 @@ class RolloutSession:
         label: str,
         on_progress: Callable[[int], None] | None = None,
     ) -> list[Rollout]:
-        """Enqueue ``tasks`` (one rollout each), wait for all, return them in order."""
+        """Enqueue ``tasks`` (one rollout each), wait for all, return them in order.
+
+        Reports, under ``label``, one line per distinct error of the failed ones and a
+        warning for rollouts scored 0 because the agent returned None and emitted no
+        reward (``boltrl_trainer.failures``)."""
         ids = self.store.enqueue(tasks, max_attempts=self.max_attempts, timeout_s=self.timeout_s)
         self.backend.assign(ids, sampling)
         bar = self.reporter.progress(label, len(ids))
@@ -189,7 +194,13 @@ class RolloutSession:
             ticker.join()
             self.backend.forget(ids)
         score = summarize_scores(out, self.credit)  # of the succeeded ones, as training
-        bar.update(len(ids), f"reward {score.mean:.3f}", final=True)
+        shown = f"reward {score.mean:.3f}" if score.counted else "reward n/a"
+        bar.update(len(ids), shown, final=True)
+        for line in failure_lines(label, out):
+            self.reporter.line(line)
+        silent = silent_line(label, out)
+        if silent is not None:
+            self.reporter.line(silent)
         return out
 
 

@@ -6,6 +6,9 @@ step:  enqueue batch_tasks x group_size rollouts → wait → transitions (credi
        assignment) → advantages → update inside ``weight_swap`` (generation paused)
        → policy version + 1.
 every val_every steps: held-out tasks at temperature 0. Checkpoints and ``resume``.
+Each phase reports one line per distinct error of its failed rollouts; a step whose
+every rollout failed stops the run (``failures.AllRolloutsFailed``): there is nothing
+to train on, and the next step would fail the same way.
 Rewards are reported as ``boltrl.scoring`` scores: the return training uses.
 """
 
@@ -29,6 +32,7 @@ from boltrl.store.base import Store
 from boltrl_trainer.algorithms import RunningBaseline, compute_advantages, make_config
 from boltrl_trainer.backends import backend_for
 from boltrl_trainer.config import TrainConfig
+from boltrl_trainer.failures import AllRolloutsFailed, failure_lines
 from boltrl_trainer.malloc_tuning import tune_malloc
 from boltrl_trainer.metrics import MetricsWriter, plot_rewards
 from boltrl_trainer.reporting import LogReporter, Reporter
@@ -181,8 +185,19 @@ class Trainer:
         )
         busy0 = session.backend.busy_s
         tokens0 = server.stats().get("completion_tokens", 0)
-        rollouts = session.run(tasks, sampling, label=f"step {step}/{cfg.steps}")
+        label = f"step {step}/{cfg.steps}"
+        rollouts = session.run(tasks, sampling, label=label)
         t_rollout = time.perf_counter() - t_step
+        if rollouts and all(r.status != RolloutStatus.SUCCEEDED for r in rollouts):
+            # nothing to train on, and every later step would fail the same way
+            raise AllRolloutsFailed(
+                "\n".join(
+                    [
+                        f"{label}: every rollout failed; nothing to train on, stopping",
+                        *failure_lines(label, rollouts)[1:],
+                    ]
+                )
+            )
         generation_s = session.backend.busy_s - busy0
 
         t_prep = time.perf_counter()
@@ -270,8 +285,9 @@ class Trainer:
                 "val/tasks": float(len(out)),
             },
         )
+        shown = "n/a" if score.failed == len(out) else f"{score.mean:.3f}"
         self.reporter.line(
-            f"val @ step {step}: reward {score.mean:.3f} over {len(out)} tasks"
+            f"val @ step {step}: reward {shown} over {len(out)} tasks"
             + (f" ({score.failed} failed, scored 0)" if score.failed else "")
         )
         return score.mean
