@@ -202,8 +202,12 @@ class Sampler:
         on_finish: Callable[[Row], None],
         generator: torch.Generator | None = None,
         stats: dict[str, int] | None = None,
+        on_token: Callable[[Row], None] | None = None,
     ) -> None:
         self.model = model
+        self.on_token = on_token
+        """Called with each row that sampled a token and goes on (token streaming); a
+        row that stops goes to ``on_finish`` instead."""
         self.pad_id = pad_id
         self.eos_ids = eos_ids
         self.decode = decode
@@ -249,6 +253,8 @@ class Sampler:
             _check_stop(row, self.eos_ids, self.decode)
             if row.finish_reason is None:
                 keep.append(i)
+                if self.on_token is not None:
+                    self.on_token(row)
             else:
                 self.on_finish(row)
         batch.tokens = torch.tensor(tokens, device=self.device)

@@ -31,6 +31,10 @@ for, the running loop admits no new requests; the call blocks until the replies 
 flight end, and no loop starts inside the block), then sets ``policy_version`` — the
 sequence ``seams.weight_swap`` writes once. Every reply carries the version its whole
 loop ran under.
+
+Streaming (``generate_stream``): a request's text leaves in pieces as its row is
+sampled (from the worker thread, between steps of the loop), then its ``Generation``,
+identical to what ``generate`` returns; see the method for what is held back.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,6 +74,10 @@ class _Job:
     future: concurrent.futures.Future[Generation]
     template_hash: str | None = None
     parse_tools: bool = False
+    on_text: Callable[[str], None] | None = None
+    """Streaming: called on the worker thread with each new piece of certain text."""
+    sent: str = ""
+    """The text handed to ``on_text`` so far."""
 
 
 _STOP = object()
@@ -163,17 +171,45 @@ class TransformersBackend:
         """Produce one assistant turn. Does not block the event loop; cancel-safe."""
         return await asyncio.wrap_future(self.submit(request))
 
+    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[str | Generation]:
+        """``boltrl.gateway.backend.StreamingBackend``: the reply's text in pieces as the
+        continuous-batching loop samples it, then the ``Generation`` ``generate`` returns.
+
+        A piece leaves once it is certain: text that a stop string could still cut, a
+        partly decoded character and trailing whitespace (which decoding may yet fold)
+        wait for the next token or the end. A request whose tools the model may call
+        streams no piece (its turn is parsed into tool calls only at the end)."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[str | None] = asyncio.Queue()
+
+        def put(item: str | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody listens
+                loop.call_soon_threadsafe(events.put_nowait, item)
+
+        future = self.submit(request, on_text=put)
+        # after every piece: both come from the worker thread, in order
+        future.add_done_callback(lambda _: put(None))
+        while (item := await events.get()) is not None:
+            yield item
+        gen: Generation = await asyncio.wrap_future(future)
+        yield gen
+
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)
 
     # ------------------------------------------------------------------ sync API
 
-    def submit(self, request: GenerationRequest) -> concurrent.futures.Future[Generation]:
-        """Queue a request; the future resolves when its reply is complete. Thread-safe."""
+    def submit(
+        self, request: GenerationRequest, *, on_text: Callable[[str], None] | None = None
+    ) -> concurrent.futures.Future[Generation]:
+        """Queue a request; the future resolves when its reply is complete. Thread-safe.
+
+        ``on_text``: called on the worker thread with each certain piece of the reply's
+        text as it is sampled (see ``generate_stream``); it must not block or raise."""
         if self._closed:
             raise BackendUnavailable("the backend is closed")
         self._ensure_worker()
-        job = _Job(request, concurrent.futures.Future())
+        job = _Job(request, concurrent.futures.Future(), on_text=on_text)
         self._queue.put(job)
         return job.future
 
@@ -342,6 +378,8 @@ class TransformersBackend:
         )
         job.template_hash = template_hash
         job.parse_tools = bool(req.tools) and req.tool_choice != "none"
+        if job.parse_tools:
+            job.on_text = None  # a tool call is known only once parsed, at the end
         return row
 
     def _device(self) -> Any:
@@ -418,6 +456,11 @@ class TransformersBackend:
                 job = owners.pop(id(row))
                 job.future.set_result(self._reply(job, row, version, eos_ids))
 
+            def token(row: Row) -> None:
+                job = owners[id(row)]
+                if job.on_text is not None:
+                    self._stream_text(job, row)
+
             sampler = Sampler(
                 model,
                 pad_id=pad_id,
@@ -426,6 +469,7 @@ class TransformersBackend:
                 on_finish=finish,
                 generator=self._generator,
                 stats=self._stats,
+                on_token=token,
             )
             was_training = model.training
             model.eval()
@@ -441,6 +485,22 @@ class TransformersBackend:
 
     def _decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def _stream_text(self, job: _Job, row: Row) -> None:
+        """Hand ``job.on_text`` the text of a running row that is now certain: what no
+        stop string can still cut, with no partial character or trailing whitespace."""
+        assert job.on_text is not None
+        text = self._decode(row.ids)  # the row goes on, so no EOS among its ids
+        hold = max((len(s) - 1 for s in row.stop), default=0)
+        end = len(text) - hold
+        certain = text[: max(end, 0)].rstrip("\ufffd").rstrip()
+        if len(certain) > len(job.sent) and certain.startswith(job.sent):
+            piece, job.sent = certain[len(job.sent) :], certain
+            try:
+                job.on_text(piece)
+            except Exception:  # a listener's failure must not end the batch
+                log.exception("token streaming: the listener failed")
+                job.on_text = None
 
     def _reply(self, job: _Job, row: Row, version: int, eos_ids: frozenset[int]) -> Generation:
         ids = row.ids[:-1] if row.ids and row.ids[-1] in eos_ids else row.ids

@@ -17,13 +17,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from boltrl.credit import CreditConfig
 from boltrl.gateway import Gateway
-from boltrl.gateway.backend import Backend, Generation, GenerationRequest
+from boltrl.gateway.backend import Backend, Generation, GenerationRequest, stream_of
 from boltrl.records import Resources, Rollout, Task
 from boltrl.runner import AgentFn, Runner
 from boltrl.scoring import summarize_scores
@@ -81,23 +81,39 @@ class PhaseSampling:
             for rid in rollout_ids:
                 self._by_rollout.pop(rid, None)
 
-    async def generate(self, request: GenerationRequest) -> Generation:
+    def _begin(self, request: GenerationRequest) -> GenerationRequest:
+        """The request with the phase's sampling forced on it; counts it in flight."""
         with self._lock:
             s = self._by_rollout.get(request.rollout_id or "", self.default)
             if self._in_flight == 0:
                 self._busy_since = time.perf_counter()
             self._in_flight += 1
         cap = min(request.max_tokens or s.max_tokens, s.max_tokens)
-        forced = request.model_copy(
+        return request.model_copy(
             update={"temperature": s.temperature, "top_p": s.top_p, "max_tokens": cap}
         )
+
+    def _end(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._busy_total += time.perf_counter() - self._busy_since
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        forced = self._begin(request)
         try:
             return await self.inner.generate(forced)
         finally:
-            with self._lock:
-                self._in_flight -= 1
-                if self._in_flight == 0:
-                    self._busy_total += time.perf_counter() - self._busy_since
+            self._end()
+
+    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[str | Generation]:
+        """Streams when the wrapped backend does (``boltrl.gateway.backend.stream_of``)."""
+        forced = self._begin(request)
+        try:
+            async for event in stream_of(self.inner, forced):
+                yield event
+        finally:
+            self._end()
 
     async def aclose(self) -> None:
         await self.inner.aclose()

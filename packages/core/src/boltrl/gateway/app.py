@@ -15,7 +15,9 @@ rollout, and 409 for a running one: it records nothing.
 Per call: parse and validate (400 naming the field, nothing recorded) → find the
 rollout's running attempt (404 when unknown or finished) → generate (backend failure:
 the call is recorded ``failed``, then 502/503) → record the call → respond. The call id
-is the response id (``chatcmpl-…`` / ``resp_…``). Handlers are plain Starlette
+is the response id (``chatcmpl-…`` / ``resp_…``). A streamed call to a
+``StreamingBackend`` is answered live, its text leaving as it is sampled and the call
+recorded before the stream's end (``gateway._live``). Handlers are plain Starlette
 endpoints on a FastAPI app: no per-request model validation on the hot path.
 """
 
@@ -35,11 +37,11 @@ from starlette.responses import Response
 from boltrl._common import JSON
 from boltrl._serving import MAX_BODY_BYTES, Guard, check_token
 from boltrl.errors import BackendUnavailable, BoltrlError, Unauthorized
-from boltrl.gateway import chat, responses
+from boltrl.gateway import _live, chat, responses
 from boltrl.gateway._errors import RequestError, error_body
 from boltrl.gateway._json import dumps
 from boltrl.gateway._request import ParsedCall, read_body
-from boltrl.gateway.backend import Backend, Generation
+from boltrl.gateway.backend import Backend, Generation, stream_of
 from boltrl.gateway.recording import Recorder, check_generation
 from boltrl.records import Attempt
 from boltrl.store.base import Store
@@ -72,12 +74,16 @@ class _API:
         parse: Callable[[JSON], ParsedCall],
         render: Callable[[str, int, str, Generation, ParsedCall], JSON],
         stream: Callable[[str, int, str, Generation, ParsedCall], bytes],
+        live: Callable[[str, int, str, ParsedCall], _live.LiveWriter],
     ) -> None:
         self.prefix, self.parse, self.render, self.stream = prefix, parse, render, stream
+        self.live = live
 
 
-_CHAT = _API("chatcmpl-", chat.parse, chat.completion, chat.stream)
-_RESPONSES = _API("resp_", responses.parse, responses.response, responses.stream)
+_CHAT = _API("chatcmpl-", chat.parse, chat.completion, chat.stream, _live.ChatLive)
+_RESPONSES = _API(
+    "resp_", responses.parse, responses.response, responses.stream, _live.ResponsesLive
+)
 
 
 class _Handlers:
@@ -97,6 +103,8 @@ class _Handlers:
             return _boltrl_error(e)
         call_id = api.prefix + uuid.uuid4().hex
         started = time.time()
+        if _live.streams_live(self.backend, call):
+            return await self._serve_live(api, call, call_id, attempt, started)
         try:
             gen = check_generation(await self.backend.generate(call.request))
         except Exception as e:
@@ -123,6 +131,38 @@ class _Handlers:
             body = api.stream(call_id, created, model, gen, call)
             return Response(body, 200, headers=_SSE_HEADERS, media_type="text/event-stream")
         return _json(api.render(call_id, created, model, gen, call))
+
+    async def _serve_live(
+        self, api: _API, call: ParsedCall, call_id: str, attempt: Attempt | None, started: float
+    ) -> Response:
+        """A streamed call whose text leaves as it is sampled (``gateway._live``)."""
+        created, model = int(started), self.backend.model_name
+
+        async def record(gen: Generation, ended: float) -> None:
+            if attempt is not None:
+                assert self.recorder is not None
+                await self.recorder.served(
+                    call_id,
+                    attempt,
+                    call,
+                    gen,
+                    model=gen.model or model,
+                    policy_version=self.backend.policy_version,
+                    started_at=started,
+                    ended_at=ended,
+                )
+
+        async def failed(e: Exception) -> Response:
+            return await self._failed(call_id, attempt, call, e, started)
+
+        return await _live.serve(
+            stream_of(self.backend, call.request),
+            api.live(call_id, created, model, call),
+            lambda gen: api.stream(call_id, created, model, gen, call),
+            record=record,
+            failed=failed,
+            refused=_boltrl_error,
+        )
 
     async def _attempt(
         self, rollout_id: str | None, number: int | None, token: str | None

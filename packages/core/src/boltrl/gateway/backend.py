@@ -1,7 +1,16 @@
-"""The Backend contract: what serves the gateway's model calls."""
+"""The Backend contract: what serves the gateway's model calls.
+
+``Backend.generate`` answers a whole turn. A backend that can hand out the reply's text
+while it is being sampled also implements ``StreamingBackend.generate_stream``; the
+gateway then streams those pieces to a client that asked for ``stream: true`` and
+otherwise (and for every other backend) streams the finished turn in pieces. Either
+way the recorded call is the final ``Generation``, the same one ``generate`` returns.
+``stream_of`` gives one iterator over both kinds.
+"""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -86,3 +95,37 @@ class Backend(Protocol):
     async def aclose(self) -> None:
         """Release resources. Idempotent."""
         ...
+
+
+@runtime_checkable
+class StreamingBackend(Backend, Protocol):
+    """A ``Backend`` that can also stream a turn's text as it is sampled (optional).
+
+    Promises of ``generate_stream``, besides ``generate``'s:
+    - It yields zero or more ``str`` pieces, then exactly one ``Generation`` (the one
+      ``generate`` would have returned for the request: same ids, logprobs, text), and
+      nothing after it.
+    - The pieces joined are a prefix of that ``Generation.text``: nothing is taken back
+      (text a stop string may still cut off, a partly decoded character, anything that
+      could yet become a tool call is held until it is certain). It may yield no piece
+      at all, e.g. for a request whose tools the model may call: such a turn is only
+      known once parsed at its end.
+    - It raises as ``generate`` does, before or after pieces. A consumer may stop
+      iterating at any time (``aclose``); the generation then still finishes on its own.
+    """
+
+    def generate_stream(self, request: GenerationRequest) -> AsyncIterator[str | Generation]:
+        """The turn's text pieces as they are sampled, then its ``Generation``."""
+        ...
+
+
+async def stream_of(
+    backend: Backend, request: GenerationRequest
+) -> AsyncIterator[str | Generation]:
+    """``backend.generate_stream(request)`` when the backend streams, else one
+    ``Generation`` from ``generate``: the same iterator shape for every backend."""
+    if isinstance(backend, StreamingBackend):
+        async for event in backend.generate_stream(request):
+            yield event
+        return
+    yield await backend.generate(request)

@@ -94,51 +94,75 @@ def completion(call_id: str, created: int, model: str, gen: Generation, call: Pa
     return out
 
 
-def stream(call_id: str, created: int, model: str, gen: Generation, call: ParsedCall) -> bytes:
-    """The whole SSE body of a streamed completion, ``data: [DONE]`` included.
+class ChatStream:
+    """Writes one streamed completion's SSE chunks, in order (``stream`` writes them all
+    at once from a finished turn; the gateway's live streaming writes them as the
+    backend's text arrives).
 
-    Chunks: the role, the text in pieces, each tool call (its index, id and name first,
-    then its arguments in pieces), a final chunk with ``finish_reason``, and the usage
-    chunk (empty ``choices``) when ``stream_options.include_usage`` asked for it.
+    Chunks: ``start`` (the role), ``text`` per piece of content, ``end`` (each tool call:
+    its index, id and name first, then its arguments in pieces; a final chunk with
+    ``finish_reason``; the usage chunk, empty ``choices``, when
+    ``stream_options.include_usage`` asked for it; ``data: [DONE]``).
     """
-    head: JSON = {
-        "id": call_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "system_fingerprint": None,
-    }
-    if call.include_usage:
-        head["usage"] = None
-    out: list[bytes] = []
 
-    def chunk(delta: JSON, finish: str | None = None, top: JSON | None = None) -> None:
-        c = {**head, "choices": [_choice(delta, finish)], **(top or {})}
-        out.append(b"data: " + dumps(c) + b"\n\n")
-
-    first = {"role": "assistant", "content": None if gen.text is None else ""}
-    ids = call.return_token_ids
-    chunk(first, top={"prompt_token_ids": gen.prompt_token_ids} if ids else None)
-    for piece in pieces(gen.text or ""):
-        chunk({"content": piece})
-    for index, tc in enumerate(gen.tool_calls):
-        fn = tc["function"]
-        start = {
-            "index": index,
-            "id": tc["id"],
-            "type": "function",
-            "function": {"name": fn["name"], "arguments": ""},
+    def __init__(self, call_id: str, created: int, model: str, call: ParsedCall) -> None:
+        self.call = call
+        self.head: JSON = {
+            "id": call_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "system_fingerprint": None,
         }
-        chunk({"tool_calls": [start]})
-        for piece in split(fn["arguments"]):
-            chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
-    last = _choice({}, gen.finish_reason)
-    if ids:
-        last["token_ids"] = gen.response_token_ids
-    out.append(b"data: " + dumps({**head, "choices": [last]}) + b"\n\n")
-    if call.include_usage:
-        out.append(b"data: " + dumps({**head, "choices": [], "usage": usage_of(gen)}) + b"\n\n")
-    out.append(b"data: [DONE]\n\n")
+        if call.include_usage:
+            self.head["usage"] = None
+
+    def _chunk(self, delta: JSON, finish: str | None = None, top: JSON | None = None) -> bytes:
+        c = {**self.head, "choices": [_choice(delta, finish)], **(top or {})}
+        return b"data: " + dumps(c) + b"\n\n"
+
+    def start(self, *, text: bool, prompt_token_ids: list[int] | None = None) -> bytes:
+        """The role chunk; ``text``: the turn has content (else it opens with None)."""
+        first = {"role": "assistant", "content": "" if text else None}
+        ids = self.call.return_token_ids
+        return self._chunk(first, top={"prompt_token_ids": prompt_token_ids} if ids else None)
+
+    def text(self, piece: str) -> bytes:
+        return self._chunk({"content": piece})
+
+    def end(self, gen: Generation) -> bytes:
+        """Everything after the text: tool calls, finish, usage, ``[DONE]``."""
+        out: list[bytes] = []
+        for index, tc in enumerate(gen.tool_calls):
+            fn = tc["function"]
+            start = {
+                "index": index,
+                "id": tc["id"],
+                "type": "function",
+                "function": {"name": fn["name"], "arguments": ""},
+            }
+            out.append(self._chunk({"tool_calls": [start]}))
+            for piece in split(fn["arguments"]):
+                delta = {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
+                out.append(self._chunk(delta))
+        last = _choice({}, gen.finish_reason)
+        if self.call.return_token_ids:
+            last["token_ids"] = gen.response_token_ids
+        out.append(b"data: " + dumps({**self.head, "choices": [last]}) + b"\n\n")
+        if self.call.include_usage:
+            usage = {**self.head, "choices": [], "usage": usage_of(gen)}
+            out.append(b"data: " + dumps(usage) + b"\n\n")
+        out.append(b"data: [DONE]\n\n")
+        return b"".join(out)
+
+
+def stream(call_id: str, created: int, model: str, gen: Generation, call: ParsedCall) -> bytes:
+    """The whole SSE body of a streamed completion from a finished turn, ``data: [DONE]``
+    included, its text cut in pieces (see ``ChatStream``)."""
+    w = ChatStream(call_id, created, model, call)
+    out = [w.start(text=gen.text is not None, prompt_token_ids=gen.prompt_token_ids)]
+    out.extend(w.text(piece) for piece in pieces(gen.text or ""))
+    out.append(w.end(gen))
     return b"".join(out)
 
 

@@ -194,46 +194,105 @@ def response(
     }
 
 
+class ResponseStream:
+    """Writes one streamed response's SSE events, in OpenAI's order (``stream`` writes
+    them all at once from a finished turn; the gateway's live streaming writes them as the
+    backend's text arrives): ``start`` (``response.created``, ``response.in_progress``);
+    ``open_text`` (the message item's ``output_item.added`` and ``content_part.added``)
+    and ``text`` (``output_text.delta``) while text streams; ``end`` (the rest of each
+    output item: for text ``output_text.done`` and ``content_part.done``, for a call
+    ``function_call_arguments.delta``… and ``.done``; ``output_item.done``; then
+    ``response.completed`` or ``response.incomplete``)."""
+
+    def __init__(self, resp_id: str, created: int, model: str, call: ParsedCall) -> None:
+        self.resp_id, self.created, self.model, self.call = resp_id, created, model, call
+        self.seq = 0
+        self.opened = False
+        """Whether ``open_text`` was written (the message item is then output 0)."""
+
+    def _event(self, kind: str, **data: Any) -> bytes:
+        data = {"type": kind, "sequence_number": self.seq, **data}
+        self.seq += 1
+        return b"event: " + kind.encode() + b"\ndata: " + dumps(data) + b"\n\n"
+
+    def _at(self) -> JSON:
+        return {"item_id": f"msg_{self.resp_id.removeprefix('resp_')}", "output_index": 0}
+
+    def start(self) -> bytes:
+        opening = response(
+            self.resp_id, self.created, self.model, Generation(text=None), self.call, done=False
+        )
+        return self._event("response.created", response=opening) + self._event(
+            "response.in_progress", response=opening
+        )
+
+    def open_text(self) -> bytes:
+        """Open the message item (output 0) whose text ``text`` then streams."""
+        self.opened = True
+        [item] = _items(self.resp_id, Generation(text="x"), done=False)
+        empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        return self._event("response.output_item.added", output_index=0, item=item) + self._event(
+            "response.content_part.added", **self._at(), content_index=0, part=empty
+        )
+
+    def text(self, piece: str) -> bytes:
+        return self._event(
+            "response.output_text.delta", **self._at(), content_index=0, delta=piece, logprobs=[]
+        )
+
+    def end(self, gen: Generation, sent: str = "") -> bytes:
+        """The rest of the turn; ``sent`` is the text already written by ``text``."""
+        out: list[bytes] = []
+        pending = _items(self.resp_id, gen, done=False)
+        for index, (item, final) in enumerate(zip(pending, _items(self.resp_id, gen), strict=True)):
+            at = {"item_id": item["id"], "output_index": index}
+            if not (self.opened and index == 0):
+                out.append(self._event("response.output_item.added", output_index=index, item=item))
+            if item["type"] == "message":
+                part = final["content"][0]
+                if not self.opened:
+                    empty = {**part, "text": ""}
+                    out.append(
+                        self._event(
+                            "response.content_part.added", **at, content_index=0, part=empty
+                        )
+                    )
+                out.extend(self.text(p) for p in pieces(part["text"][len(sent) :]))
+                out.append(
+                    self._event(
+                        "response.output_text.done",
+                        **at,
+                        content_index=0,
+                        text=part["text"],
+                        logprobs=[],
+                    )
+                )
+                out.append(
+                    self._event("response.content_part.done", **at, content_index=0, part=part)
+                )
+            else:
+                for piece in split(final["arguments"]):
+                    out.append(
+                        self._event("response.function_call_arguments.delta", **at, delta=piece)
+                    )
+                out.append(
+                    self._event(
+                        "response.function_call_arguments.done",
+                        **at,
+                        name=final["name"],
+                        arguments=final["arguments"],
+                    )
+                )
+            out.append(self._event("response.output_item.done", output_index=index, item=final))
+        completed = response(self.resp_id, self.created, self.model, gen, self.call)
+        incomplete = completed["status"] == "incomplete"
+        kind = "response.incomplete" if incomplete else "response.completed"
+        out.append(self._event(kind, response=completed))
+        return b"".join(out)
+
+
 def stream(resp_id: str, created: int, model: str, gen: Generation, call: ParsedCall) -> bytes:
-    """The whole SSE body of a streamed response, in OpenAI's event order:
-    ``response.created``, ``response.in_progress``, per output item ``output_item.added``
-    (+ ``content_part.added``, ``output_text.delta``…, ``output_text.done``,
-    ``content_part.done`` for text; ``function_call_arguments.delta``…, ``.done`` for a
-    call), ``output_item.done``, and finally ``response.completed``."""
-    out: list[bytes] = []
-
-    def event(kind: str, **data: Any) -> None:
-        data = {"type": kind, "sequence_number": len(out), **data}
-        out.append(b"event: " + kind.encode() + b"\ndata: " + dumps(data) + b"\n\n")
-
-    opening = response(resp_id, created, model, gen, call, done=False)
-    event("response.created", response=opening)
-    event("response.in_progress", response=opening)
-    pending = _items(resp_id, gen, done=False)
-    for index, (item, final) in enumerate(zip(pending, _items(resp_id, gen), strict=True)):
-        event("response.output_item.added", output_index=index, item=item)
-        at = {"item_id": item["id"], "output_index": index}
-        if item["type"] == "message":
-            part = final["content"][0]
-            empty = {**part, "text": ""}
-            event("response.content_part.added", **at, content_index=0, part=empty)
-            for piece in pieces(part["text"]):
-                event("response.output_text.delta", **at, content_index=0, delta=piece, logprobs=[])
-            event(
-                "response.output_text.done", **at, content_index=0, text=part["text"], logprobs=[]
-            )
-            event("response.content_part.done", **at, content_index=0, part=part)
-        else:
-            for piece in split(final["arguments"]):
-                event("response.function_call_arguments.delta", **at, delta=piece)
-            event(
-                "response.function_call_arguments.done",
-                **at,
-                name=final["name"],
-                arguments=final["arguments"],
-            )
-        event("response.output_item.done", output_index=index, item=final)
-    completed = response(resp_id, created, model, gen, call)
-    kind = "response.incomplete" if completed["status"] == "incomplete" else "response.completed"
-    event(kind, response=completed)
-    return b"".join(out)
+    """The whole SSE body of a streamed response from a finished turn, its text cut in
+    pieces (see ``ResponseStream`` for the event order)."""
+    w = ResponseStream(resp_id, created, model, call)
+    return w.start() + w.end(gen)

@@ -1,0 +1,177 @@
+"""Real token streaming: TransformersBackend's text leaves the gateway as it is sampled.
+
+Through the real gateway and the official openai client: a streamed call's text starts
+arriving before the turn's last token is sampled, assembles to exactly the non-streamed
+reply, and is recorded with the very ids and logprobs a non-streamed call records; a stop
+string is never streamed, nor half a character.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from backend_util import Forced
+
+from boltrl.gateway import Gateway
+from boltrl.gateway.backend import Generation, GenerationRequest, StreamingBackend, stream_of
+from boltrl.records import Attempt, LLMCall, Task
+from boltrl.store import open_store
+from boltrl.store.base import Store
+from boltrl.testing import ScriptedBackend
+from boltrl_trainer.serving import TransformersBackend
+
+pytestmark = pytest.mark.usefixtures("no_backend_errors")
+MESSAGES = [{"role": "user", "content": "Tell me a story."}]
+
+
+@pytest.fixture
+def store() -> Iterator[Store]:
+    s = open_store("memory://")
+    yield s
+    s.close()
+
+
+def _running(store: Store, n: int) -> list[Attempt]:
+    store.enqueue([Task(input={"i": i}) for i in range(n)])
+    out = []
+    for _ in range(n):
+        a = store.claim("w")
+        assert a is not None
+        out.append(a)
+    return out
+
+
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url, api_key="k", max_retries=0, timeout=60)
+
+
+def _call(store: Store, a: Attempt) -> LLMCall:
+    (call,) = store.get(a.rollout_id).calls
+    return call
+
+
+def test_streamed_text_leaves_while_sampling_and_records_the_same_call(
+    tiny_model_path: Path, store: Store
+) -> None:
+    backend = TransformersBackend(str(tiny_model_path), max_tokens=32)
+    assert isinstance(backend, StreamingBackend)
+    plain, streamed = _running(store, 2)
+    kw = {"model": "p", "messages": MESSAGES, "temperature": 1.0, "max_tokens": 32, "seed": 7}
+    try:
+        with Gateway(backend, store) as gw:
+            reply = _client(gw.rollout_url(plain)).chat.completions.create(**kw)  # type: ignore[call-overload]
+            steps_at_first: int | None = None
+            deltas: list[str] = []
+            for chunk in _client(gw.rollout_url(streamed)).chat.completions.create(  # type: ignore[call-overload]
+                **kw, stream=True
+            ):
+                piece = chunk.choices[0].delta.content if chunk.choices else None
+                if piece:
+                    if steps_at_first is None:
+                        steps_at_first = backend.stats()["steps"]
+                    deltas.append(piece)
+            steps_at_end = backend.stats()["steps"]
+    finally:
+        backend.close()
+    a, b = _call(store, plain), _call(store, streamed)
+    assert a.response_token_ids is not None and len(a.response_token_ids) == 32
+    # the same turn, recorded the same way
+    assert (b.prompt_token_ids, b.response_token_ids) == (a.prompt_token_ids, a.response_token_ids)
+    assert b.response_logprobs == pytest.approx(a.response_logprobs, abs=1e-6)
+    assert b.response == a.response
+    assert "".join(deltas) == reply.choices[0].message.content == a.response["message"]["content"]
+    # live: the first text left before the turn's forward passes were done
+    assert steps_at_first is not None and steps_at_first < steps_at_end - 8, (
+        steps_at_first,
+        steps_at_end,
+    )
+    assert len(deltas) > 8
+
+
+def _script(
+    forced: Forced, text: str
+) -> tuple[list[int], TransformersBackend, TransformersBackend]:
+    """Two forced backends replying ``text`` + EOS (one each: a stop string leaves a forced
+    backend's script mid-way)."""
+    probe = forced([0])
+    tok = probe.tokenizer
+    ids = [*tok.encode(text, add_special_tokens=False), tok.eos_token_id]
+    return ids, forced(ids), forced(ids)
+
+
+def test_stop_strings_and_partial_characters_are_never_streamed(
+    forced: Forced, store: Store
+) -> None:
+    text = "Once upon a time 🙂 a fox met a crow. THE END and then some more words"
+    ids, one, two = _script(forced, text)
+    plain, streamed = _running(store, 2)
+    kw = {"model": "p", "messages": MESSAGES, "temperature": 0, "stop": ["THE END"]}
+    with Gateway(one, store) as gw1, Gateway(two, store) as gw2:
+        reply = _client(gw1.rollout_url(plain)).chat.completions.create(**kw)  # type: ignore[call-overload]
+        chunks = list(
+            _client(gw2.rollout_url(streamed)).chat.completions.create(**kw, stream=True)  # type: ignore[call-overload]
+        )
+    deltas = [
+        c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
+    ]
+    expected = "Once upon a time 🙂 a fox met a crow. "
+    assert reply.choices[0].message.content == expected == "".join(deltas)
+    assert len(deltas) > 3
+    assert not any("\ufffd" in d or "T" in d for d in deltas)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    a, b = _call(store, plain), _call(store, streamed)
+    assert a.response_token_ids == b.response_token_ids and a.response == b.response
+    assert b.response_token_ids is not None and b.response_token_ids != ids  # cut at the stop
+
+
+def test_responses_api_streams_live(forced: Forced, store: Store) -> None:
+    text = "The quick brown fox jumps over the lazy dog, twice over."
+    ids, one, _ = _script(forced, text)
+    (attempt,) = _running(store, 1)
+    with Gateway(one, store) as gw:
+        events = list(
+            _client(gw.rollout_url(attempt)).responses.create(
+                model="p", input="Say it.", temperature=0, stream=True
+            )
+        )
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == text and len(deltas) > 3
+    final = events[-1].response  # type: ignore[union-attr]
+    assert final.output_text == text
+    call = _call(store, attempt)
+    assert call.id == final.id and call.response_token_ids == ids
+
+
+def test_stream_of_serves_every_backend() -> None:
+    """A backend without streaming (the scripted one) streams through ``stream_of`` as
+    one ``Generation``; the gateway then streams it the way it always did."""
+    backend = ScriptedBackend(["hello there"])
+    assert not isinstance(backend, StreamingBackend)
+    req = GenerationRequest(messages=[{"role": "user", "content": "hi"}])
+
+    async def drain() -> list[str | Generation]:
+        try:
+            return [e async for e in stream_of(backend, req)]
+        finally:
+            await backend.aclose()
+
+    out = asyncio.run(drain())
+    assert len(out) == 1 and isinstance(out[0], Generation) and out[0].text == "hello there"
