@@ -12,6 +12,12 @@ every run to a file.
 
     uv run python benchmarks/backend_bench.py [--model smollm2 --agents 8 --turns 2 \
         --max-tokens 32 --repeat 3]
+
+``--ttft``: time to first token instead, through the real gateway and the official openai
+client: ``--agents`` concurrent clients (threads) each make ``--turns`` chat calls, all
+streamed (``stream=True``: the first text delta) or all not (the reply: its text is the
+first a client sees), the two modes alternating ``--repeat`` times on one batched
+backend. Prints the median time to first text and to the whole reply per mode.
 """
 
 from __future__ import annotations
@@ -89,6 +95,88 @@ def measure(model: Any, tokenizer: Any, max_batch: int, args: argparse.Namespace
     }
 
 
+def _timed_call(
+    url: str, agent: int, turn: int, max_tokens: int, stream: bool
+) -> tuple[float, float]:
+    """(seconds to the first text the client sees, seconds to the whole reply)."""
+    import openai
+
+    client = openai.OpenAI(base_url=url, api_key="bench", max_retries=0, timeout=600)
+    req = request(agent, turn, max_tokens)
+    kw: Any = {
+        "model": "policy",
+        "messages": req.messages,
+        "temperature": req.temperature,
+        "max_tokens": req.max_tokens,
+        "seed": req.seed,
+    }
+    t0 = time.perf_counter()
+    if not stream:
+        client.chat.completions.create(**kw)
+        t = time.perf_counter() - t0
+        return t, t
+    first: float | None = None
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        if first is None and chunk.choices and chunk.choices[0].delta.content:
+            first = time.perf_counter() - t0
+    total = time.perf_counter() - t0
+    return (total if first is None else first), total
+
+
+def measure_ttft(model: Any, tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Both modes ``args.repeat`` times, alternating, on one batched backend."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from boltrl.gateway import Gateway
+
+    backend = TransformersBackend(
+        model, tokenizer, max_batch=args.agents, batch_window_s=args.window, seed=0
+    )
+    runs: dict[str, list[dict[str, float]]] = {"non-streamed": [], "streamed": []}
+    try:
+        backend.generate_sync(request(0, 0, 4))  # warm-up
+        with Gateway(backend) as gw, ThreadPoolExecutor(args.agents) as pool:
+            url = f"{gw.url}/v1"
+            for rep in range(args.repeat):
+                for name in runs:
+                    stream = name == "streamed"
+
+                    def agent(i: int, stream: bool = stream) -> list[tuple[float, float]]:
+                        return [
+                            _timed_call(url, i, turn, args.max_tokens, stream)
+                            for turn in range(args.turns)
+                        ]
+
+                    calls = [c for f in pool.map(agent, range(args.agents)) for c in f]
+                    r = {
+                        "first_text_p50_s": round(statistics.median(c[0] for c in calls), 3),
+                        "reply_p50_s": round(statistics.median(c[1] for c in calls), 3),
+                        "load": round(os.getloadavg()[0], 1),
+                    }
+                    runs[name].append(r)
+                    print(
+                        f"  run {rep + 1} {name:>13}: first text {r['first_text_p50_s']:.3f} s  "
+                        f"whole reply {r['reply_p50_s']:.3f} s  (p50 over {len(calls)} calls, "
+                        f"load {r['load']})",
+                        flush=True,
+                    )
+    finally:
+        backend.close()
+    summary = {
+        name: {
+            key: statistics.median(r[key] for r in rs)
+            for key in ("first_text_p50_s", "reply_p50_s")
+        }
+        for name, rs in runs.items()
+    }
+    for name, m in summary.items():
+        print(
+            f"{name:>15}: time to first text {m['first_text_p50_s']:.3f} s, whole reply "
+            f"{m['reply_p50_s']:.3f} s  (median of the runs' p50)"
+        )
+    return {"runs": runs, "summary": summary}
+
+
 def add_arguments(p: argparse.ArgumentParser, prefix: str = "") -> None:
     """The benchmark's options (``prefix`` namespaces them inside another script's parser)."""
     p.add_argument(f"--{prefix}model", default="smollm2", help="model name or path")
@@ -98,6 +186,11 @@ def add_arguments(p: argparse.ArgumentParser, prefix: str = "") -> None:
     p.add_argument(f"--{prefix}repeat", type=int, default=3, help="alternating runs per mode")
     p.add_argument(f"--{prefix}window", type=float, default=0.01, help="batch window (s)")
     p.add_argument(f"--{prefix}threads", type=int, help="torch intra-op threads")
+    p.add_argument(
+        f"--{prefix}ttft",
+        action="store_true",
+        help="measure time to first token, streamed vs not, through the gateway",
+    )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -113,6 +206,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"load={os.getloadavg()[0]:.1f}",
         flush=True,
     )
+    if getattr(args, "ttft", False):
+        return measure_ttft(model, tokenizer, args)
     modes = {"one at a time": 1, f"batched (max_batch={args.agents})": args.agents}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in modes}
     for rep in range(args.repeat):
