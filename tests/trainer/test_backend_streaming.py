@@ -160,6 +160,42 @@ def test_responses_api_streams_live(forced: Forced, store: Store) -> None:
     assert call.id == final.id and call.response_token_ids == ids
 
 
+def test_text_before_a_tool_call_streams_and_the_call_follows(forced: Forced, store: Store) -> None:
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    reply = f"Let me add the two numbers for you. {call}"
+    ids, one, two = _script(forced, reply)
+    plain, streamed = _running(store, 2)
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            },
+        },
+    }
+    kw = {"model": "p", "messages": MESSAGES, "temperature": 0, "tools": [tool]}
+    with Gateway(one, store) as gw1, Gateway(two, store) as gw2:
+        r = _client(gw1.rollout_url(plain)).chat.completions.create(**kw)  # type: ignore[call-overload]
+        chunks = list(
+            _client(gw2.rollout_url(streamed)).chat.completions.create(**kw, stream=True)  # type: ignore[call-overload]
+        )
+    deltas = [
+        c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
+    ]
+    assert "".join(deltas) == r.choices[0].message.content == "Let me add the two numbers for you."
+    assert len(deltas) > 3 and not any("<" in d for d in deltas)
+    calls = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    (tc,) = r.choices[0].message.tool_calls or []
+    assert calls[0].function is not None and calls[0].function.name == "add"
+    assert "".join(d.function.arguments or "" for d in calls if d.function) == tc.function.arguments
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    a, b = _call(store, plain), _call(store, streamed)
+    assert a.response_token_ids == b.response_token_ids == ids
+    assert a.response["message"]["content"] == b.response["message"]["content"]
+
+
 def test_stream_of_serves_every_backend() -> None:
     """A backend without streaming (the scripted one) streams through ``stream_of`` as
     one ``Generation``; the gateway then streams it the way it always did."""

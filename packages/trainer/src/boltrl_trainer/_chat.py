@@ -37,6 +37,8 @@ TOOLS_PROMPT = (
 )
 """The fallback tool block (``{tools}`` is replaced by one JSON schema per line)."""
 
+TOOL_CALL_OPEN = "<tool_call>"
+"""What opens a tool-call block in a reply (streaming holds text from here on)."""
 _TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 

@@ -178,7 +178,7 @@ class TransformersBackend:
         A piece leaves once it is certain: text that a stop string could still cut, a
         partly decoded character and trailing whitespace (which decoding may yet fold)
         wait for the next token or the end. A request whose tools the model may call
-        streams no piece (its turn is parsed into tool calls only at the end)."""
+        streams its text up to a tool call; the calls follow at the end, once parsed."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[str | None] = asyncio.Queue()
 
@@ -378,8 +378,6 @@ class TransformersBackend:
         )
         job.template_hash = template_hash
         job.parse_tools = bool(req.tools) and req.tool_choice != "none"
-        if job.parse_tools:
-            job.on_text = None  # a tool call is known only once parsed, at the end
         return row
 
     def _device(self) -> Any:
@@ -488,10 +486,21 @@ class TransformersBackend:
 
     def _stream_text(self, job: _Job, row: Row) -> None:
         """Hand ``job.on_text`` the text of a running row that is now certain: what no
-        stop string can still cut, with no partial character or trailing whitespace."""
+        stop string can still cut, with no partial character or trailing whitespace;
+        with tools, only the text before a tool call (what ``_chat.parse_tool_calls``
+        keeps as content). A reply with tools that opens with whitespace is not streamed:
+        its content keeps that whitespace or not depending on whether a call follows."""
         assert job.on_text is not None
         text = self._decode(row.ids)  # the row goes on, so no EOS among its ids
         hold = max((len(s) - 1 for s in row.stop), default=0)
+        if job.parse_tools:
+            if text[:1].isspace():
+                return
+            marker = text.find(_chat.TOOL_CALL_OPEN)
+            if marker < 0:  # the text's end may be where a call opens
+                hold = max(hold, len(_chat.TOOL_CALL_OPEN) - 1)
+            else:
+                text = text[:marker]
         end = len(text) - hold
         certain = text[: max(end, 0)].rstrip("\ufffd").rstrip()
         if len(certain) > len(job.sent) and certain.startswith(job.sent):

@@ -11,8 +11,8 @@ piece as it comes; when the backend's ``Generation`` arrives it is checked and t
 recorded, and only then is the rest written (the text the backend held back, tool
 calls, the finish, usage, ``[DONE]`` / ``response.completed``), so an agent that has
 read the whole stream can count on its call being recorded, as with a plain response.
-A turn that brings no piece before its end (a request with tools: a tool call is known
-only once parsed) is answered exactly as a non-live stream.
+A turn that brings no piece before its end (e.g. a reply that opens with a tool call,
+known only once parsed) is answered exactly as a non-live stream.
 
 A failure before the first piece is answered as a non-streamed call's is (502/503, the
 call recorded ``failed``); once the stream has begun it can only end with an error event

@@ -107,9 +107,9 @@ class StreamingBackend(Backend, Protocol):
       nothing after it.
     - The pieces joined are a prefix of that ``Generation.text``: nothing is taken back
       (text a stop string may still cut off, a partly decoded character, anything that
-      could yet become a tool call is held until it is certain). It may yield no piece
-      at all, e.g. for a request whose tools the model may call: such a turn is only
-      known once parsed at its end.
+      could yet become a tool call is held until it is certain). Tool calls come only
+      in the ``Generation`` (a call is known once parsed), and it may yield no piece at
+      all (a reply that opens with a tool call).
     - It raises as ``generate`` does, before or after pieces. A consumer may stop
       iterating at any time (``aclose``); the generation then still finishes on its own.
     """
