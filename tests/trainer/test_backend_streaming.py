@@ -196,6 +196,40 @@ def test_text_before_a_tool_call_streams_and_the_call_follows(forced: Forced, st
     assert a.response["message"]["content"] == b.response["message"]["content"]
 
 
+def test_the_sessions_sampling_wrapper_streams_live(tiny_model_path: Path, store: Store) -> None:
+    """``PhaseSampling`` (what ``boltrl train`` / ``eval`` serve) streams when its backend
+    does, with the phase's sampling forced on the call."""
+    from boltrl_trainer.session import PhaseSampling, Sampling
+
+    inner = TransformersBackend(str(tiny_model_path), max_tokens=64)
+    wrapped = PhaseSampling(inner, Sampling(temperature=1.0, top_p=1.0, max_tokens=24))
+    assert isinstance(wrapped, StreamingBackend)
+    (attempt,) = _running(store, 1)
+    try:
+        with Gateway(wrapped, store) as gw:
+            steps_at_first = None
+            deltas = []
+            for chunk in _client(gw.rollout_url(attempt)).chat.completions.create(
+                model="p", messages=MESSAGES, temperature=0, max_tokens=60, seed=7, stream=True
+            ):
+                if chunk.choices and chunk.choices[0].delta.content:
+                    steps_at_first = steps_at_first or inner.stats()["steps"]
+                    deltas.append(chunk.choices[0].delta.content)
+            steps_at_end = inner.stats()["steps"]
+        forced = inner.generate_sync(
+            GenerationRequest(messages=MESSAGES, temperature=1.0, max_tokens=24, seed=7)
+        )
+    finally:
+        inner.close()
+    call = _call(store, attempt)
+    # the phase's temperature 1 and 24-token cap, not the agent's 0 and 60
+    assert call.response_token_ids == forced.response_token_ids
+    assert call.response_token_ids is not None and len(call.response_token_ids) == 24
+    assert "".join(deltas) == forced.text == call.response["message"]["content"]
+    assert steps_at_first is not None and steps_at_first < steps_at_end - 8
+    assert wrapped.busy_s > 0
+
+
 def test_stream_of_serves_every_backend() -> None:
     """A backend without streaming (the scripted one) streams through ``stream_of`` as
     one ``Generation``; the gateway then streams it the way it always did."""

@@ -91,7 +91,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def test_train_stops_and_explains_when_every_rollout_raised(project: Path, tmp_path: Path) -> None:
     # started elsewhere: out_dir still lands beside the config
-    proc = _cli("train", str(project / "train.yaml"), "--set", "tasks.val=null", cwd=tmp_path)
+    proc = _cli("train", str(project / "train.yaml"), cwd=tmp_path)
     assert proc.returncode == 1, (proc.stdout, proc.stderr[-3000:])
     err = proc.stderr
     assert "step 1/1: every rollout failed; nothing to train on, stopping" in err
@@ -103,6 +103,8 @@ def test_train_stops_and_explains_when_every_rollout_raised(project: Path, tmp_p
     assert m is not None, err
     # the same summary on stdout as the step's phase ended, through the console reporter
     assert "step 1/1: failed 6/6 rollouts:" in proc.stdout
+    assert "val @ 0: failed 3/3 rollouts:" in proc.stdout
+    assert "val @ step 0: reward n/a over 3 tasks (all failed)" in proc.stdout
     store = open_store(f"sqlite:///{project / 'out' / 'store.db'}")
     try:
         r = store.get(m.group(1))

@@ -285,11 +285,14 @@ class Trainer:
                 "val/tasks": float(len(out)),
             },
         )
-        shown = "n/a" if score.failed == len(out) else f"{score.mean:.3f}"
-        self.reporter.line(
-            f"val @ step {step}: reward {shown} over {len(out)} tasks"
-            + (f" ({score.failed} failed, scored 0)" if score.failed else "")
-        )
+        if out and score.failed == len(out):
+            note = " (all failed)"
+        elif score.failed:
+            note = f" ({score.failed} failed, scored 0)"
+        else:
+            note = ""
+        shown = "n/a" if out and score.failed == len(out) else f"{score.mean:.3f}"
+        self.reporter.line(f"val @ step {step}: reward {shown} over {len(out)} tasks{note}")
         return score.mean
 
     # -- checkpoints ----------------------------------------------------------------
