@@ -84,3 +84,74 @@ def test_readme_section_is_replaced_between_markers(
     text = readme.read_text()
     assert "first" not in text and "<!-- peer:begin -->\nsecond\n<!-- peer:end -->" in text
     assert text.startswith("# Benchmarks\n\n## Store\n\nfigures\n") and text.endswith("kept\n")
+
+
+TRL_MEASURES = [
+    "seconds per step (median)",
+    "training wall time",
+    "generated tokens/s",
+    "peak memory (RSS)",
+    "held-out reward after training",
+    "held-out gain",
+]
+
+
+def _check_trl(stdout: str, data: dict[str, object], *, peer: bool) -> None:
+    assert "| measure | boltrl | TRL | boltrl / TRL | boltrl ahead |" in stdout
+    rows = data["rows"]
+    assert isinstance(rows, list)
+    assert [r["measure"] for r in rows] == TRL_MEASURES
+    for row in rows:
+        assert isinstance(row["boltrl"], float), row
+        assert isinstance(row["peer"], float) if peer else row["peer"] is None, row
+    by = {r["measure"]: r["boltrl"] for r in rows}
+    assert by["seconds per step (median)"] > 0 and by["generated tokens/s"] > 0
+    assert 100 < by["peak memory (RSS)"] < 8000  # MB of a real child process
+    runs = data["trl_runs"]
+    assert isinstance(runs, dict) and set(runs) == ({"boltrl", "trl"} if peer else {"boltrl"})
+    for side_runs in runs.values():
+        (run,) = side_runs
+        assert 0.0 <= run["val_before"] <= 1.0 and 0.0 <= run["val_after"] <= 1.0
+
+
+def test_quick_trl_boltrl_side(tmp_path: Path) -> None:
+    """The ``trl`` workload's boltrl side: ``boltrl demo`` on the tiny model, one step."""
+    stdout, data = _run(tmp_path, "--workloads", "trl", timeout=300)
+    _check_trl(stdout, data, peer=False)
+
+
+@pytest.mark.slow
+def test_quick_trl_with_peer(tmp_path: Path) -> None:
+    """Builds benchmarks/.trl-venv on first use (several minutes, needs PyPI)."""
+    stdout, data = _run(tmp_path, "--peer", "--workloads", "trl", timeout=1800)
+    _check_trl(stdout, data, peer=True)
+
+
+def test_trl_side_scores_as_the_demo() -> None:
+    """TRL's side repeats the demo's reward (its venv has no boltrl): they must agree."""
+    from boltrl_trainer.demo import score
+
+    spec = importlib.util.spec_from_file_location("trl_side", ROOT / "benchmarks/sbs/trl_side.py")
+    assert spec is not None and spec.loader is not None
+    trl_side = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trl_side)
+    replies = [
+        "42",
+        " 42.",
+        "1,042",
+        "The answer is 42.",
+        "12 + 30 = 42",
+        "41",
+        "",
+        "-42",
+        "42 apples",
+        "4 2",
+        "42\n",
+        "answer: 43 or 42",
+        "1042",
+        "forty-two",
+    ]
+    for reply in replies:
+        for answer in (42, 1042, -42):
+            assert trl_side.score(reply, answer) == score(reply, answer), (reply, answer)
+    assert trl_side.PROMPT == __import__("boltrl_trainer.demo").demo.PROMPT
