@@ -202,9 +202,11 @@ def _error_of(r: Rollout) -> str:
 def format_table(results: list[SplitResult], *, per_task: int = 0) -> str:
     """A plain-text table: one row per split (and up to ``per_task`` task rows each).
 
-    ``reward`` is ``n/a`` for a split whose every rollout failed; ``errors`` counts the
-    failed ones by error kind, and a failed task's row ends with its error."""
-    lines = [f"{'split':<8} {'tasks':>6} {'reward':>8} {'± std':>7} {'failed':>7}  errors"]
+    ``reward`` is ``n/a`` for a split whose every rollout failed; when any failed, an
+    ``errors`` column counts them by error kind, and a failed task's row ends with its
+    error."""
+    errors = "  errors" if any(res.failed for res in results) else ""
+    lines = [f"{'split':<8} {'tasks':>6} {'reward':>8} {'± std':>7} {'failed':>7}{errors}"]
     for res in results:
         mean, std = ("n/a", "n/a") if res.all_failed else (f"{res.mean:.3f}", f"{res.std:.3f}")
         lines.append(
