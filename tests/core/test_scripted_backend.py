@@ -48,6 +48,7 @@ def test_text_reply_token_ids_are_utf8_bytes_of_the_rendered_strings() -> None:
         "policy_version": 3,
         "template_hash": TEMPLATE_HASH,
         "model": "scripted",
+        "demonstration": None,
         "usage": {
             "prompt_tokens": len(prompt.encode()),
             "completion_tokens": 6,

@@ -56,6 +56,7 @@ def _schema() -> Any:
             ("done", pa.bool_()),
             ("policy_version", pa.int64()),
             ("call_ids", pa.list_(pa.string())),
+            ("demonstration", pa.string()),
         ]
     )
 
