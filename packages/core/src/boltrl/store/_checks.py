@@ -124,7 +124,7 @@ def _plain_numbers(v: list[Any] | tuple[Any, ...]) -> bool:
         return False
     if isinstance(total, float) and not math.isfinite(total):
         return False
-    return -MAX_INT - 1 <= min(v) and max(v) <= MAX_INT
+    return bool(-MAX_INT - 1 <= min(v) and max(v) <= MAX_INT)
 
 
 def _scalar(where: str, v: Any) -> int:
