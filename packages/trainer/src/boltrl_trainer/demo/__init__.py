@@ -95,7 +95,9 @@ DEMO_CONFIG: dict[str, Any] = {
     "temperature": 0.7,
     "max_tokens": 16,
     "lora": {"r": 16, "alpha": 32},
-    "optim": {"lr": 2e-4, "token_budget": 4096},
+    # 512-token micro-batches: on a 2-core CPU they update faster than larger ones and keep
+    # the demo's peak under 3 GB (benchmarks/README.md, Training: update_bench.py)
+    "optim": {"lr": 2e-4, "token_budget": 512},
     "val_every": 6,
     "out_dir": "runs/demo",
 }
