@@ -8,6 +8,7 @@ tests ``import adapter_harness``; what differs between frameworks is a keyword h
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from boltrl.gateway.backend import GenerationRequest
@@ -221,6 +222,75 @@ def tool_step(
         "started_at": 0.0,
         "ended_at": 0.0,
         "index": index,
+    }
+
+
+def called_tool(
+    name: str,
+    arguments: Any,
+    *,
+    call: int,
+    index: int,
+    agent: str,
+    result: Any = None,
+    error: str | None = None,
+) -> JSON:
+    """The ``tool_step`` of the first tool the model asked for in ``call-<call>``, run under
+    that call (its parent)."""
+    return tool_step(
+        name,
+        arguments,
+        index=index,
+        result=result,
+        error=error,
+        parent=f"call-{call}",
+        call_id=f"call-{call}",
+        tool_call_id=f"call_{call}_0",
+        agent=agent,
+    )
+
+
+def recorded(
+    calls: list[JSON],
+    *,
+    spans: Sequence[str],
+    indexes: Sequence[int],
+    framework: str,
+    tool_steps: list[JSON],
+    rewards: Sequence[JSON] = (),
+    call_ids: Sequence[str | None] | None = None,
+    failed: bool = False,
+    message_only: bool = False,
+) -> JSON:
+    """What ``normalize`` gives for a rollout of the model calls ``calls``, every one joined:
+    succeeded with reward 1.0 (or ``failed`` without one). The first ``len(spans)`` calls
+    are annotated by ``framework`` (a call that failed may have no annotation): the i-th in
+    span ``spans[i]`` at ``indexes[i]``, with ``call_ids[i]`` (``call-i`` unless given; None
+    where the framework never saw the response id), ``message_only`` as for ``annotation``."""
+    ids = [f"call-{i}" for i in range(len(spans))] if call_ids is None else call_ids
+    if not len(spans) == len(indexes) == len(ids) <= len(calls):
+        raise ValueError(
+            f"{len(spans)} spans, {len(indexes)} indexes, {len(ids)} call ids"
+            f" for {len(calls)} calls"
+        )
+    return {
+        "status": "failed" if failed else "succeeded",
+        "reward": None if failed else 1.0,
+        "unjoined_calls": 0,
+        "calls": calls,
+        "annotations": [
+            annotation(
+                c,
+                span=span,
+                index=index,
+                call_id=cid,
+                framework=framework,
+                message_only=message_only,
+            )
+            for c, span, index, cid in zip(calls, spans, indexes, ids, strict=False)
+        ],
+        "tool_steps": tool_steps,
+        "rewards": list(rewards),
     }
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import adapter_harness
 import pytest
-from adapter_harness import reply, reward, tool_call, tool_step
+from adapter_harness import called_tool, reply, reward, tool_call, tool_step
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.teams import RoundRobinGroupChat
@@ -42,6 +42,7 @@ normalize = partial(adapter_harness.normalize, refs="span")
 
 JSON = dict[str, Any]
 FW = "autogen"
+recorded = partial(adapter_harness.recorded, framework=FW, message_only=True)
 INFO = ModelInfo(
     vision=False,
     function_calling=True,
@@ -200,31 +201,15 @@ def test_round_robin_team_with_a_tool_is_recorded_whole(
     ]
     # a streamed call's id never reaches AutoGen's events: joined by order and content
     cid = [None if stream else f"call-{i}" for i in range(4)]
-    assert normalize(ro) == {
-        "status": "succeeded",
-        "reward": 1.0,
-        "unjoined_calls": 0,
-        "calls": calls,
-        "annotations": [
-            annotation(calls[0], span="span-2", index=0, call_id=cid[0], framework=FW),
-            annotation(calls[1], span="span-3", index=1, call_id=cid[1], framework=FW),
-            annotation(calls[2], span="span-4", index=4, call_id=cid[2], framework=FW),
-            annotation(calls[3], span="span-5", index=5, call_id=cid[3], framework=FW),
-        ],
-        "tool_steps": [
-            tool_step(
-                "add",
-                {"a": 2, "b": 3},
-                index=3,
-                result="5",
-                parent="call-1",
-                call_id="call-1",
-                tool_call_id="call_1_0",
-                agent="solver",
-            )
-        ],
-        "rewards": [reward(0.5, index=2)],
-    }
+    added = called_tool("add", {"a": 2, "b": 3}, call=1, index=3, result="5", agent="solver")
+    assert normalize(ro) == recorded(
+        calls,
+        spans=["span-2", "span-3", "span-4", "span-5"],
+        indexes=[0, 1, 4, 5],
+        tool_steps=[added],
+        rewards=[reward(0.5, index=2)],
+        call_ids=cid,
+    )
 
 
 def test_agent_that_raises_is_failed_with_everything_kept(
@@ -290,29 +275,16 @@ def test_agent_that_raises_is_failed_with_everything_kept(
             "error": "BackendError: the model is gone",
         },
     ]
-    assert normalize(ro) == {
-        "status": "failed",
-        "reward": None,
-        "unjoined_calls": 0,
-        "calls": calls,
-        "annotations": [
-            annotation(calls[0], span="span-2", index=0, call_id="call-0", framework=FW),
-            annotation(calls[1], span="span-3", index=1, call_id="call-1", framework=FW),
-        ],
-        "tool_steps": [
-            tool_step(
-                "divide",
-                {"a": 1, "b": 0},
-                index=2,
-                error="division by zero",
-                parent="call-1",
-                call_id="call-1",
-                tool_call_id="call_1_0",
-                agent="solver",
-            )
-        ],
-        "rewards": [],
-    }
+    divided = called_tool(
+        "divide", {"a": 1, "b": 0}, call=1, index=2, error="division by zero", agent="solver"
+    )
+    assert normalize(ro) == recorded(
+        calls,
+        spans=["span-2", "span-3"],
+        indexes=[0, 1],
+        tool_steps=[divided],
+        failed=True,
+    )
 
 
 def test_instrument_twice_then_uninstrument_restores_the_loggers() -> None:
@@ -528,28 +500,13 @@ def test_a_lone_agent_reflecting_on_its_tool_names_both_calls(
             response=reply("It is 5."),
         ),
     ]
-    assert normalize(ro) == {
-        "status": "succeeded",
-        "reward": 1.0,
-        "unjoined_calls": 0,
-        "calls": calls,
-        "annotations": [
-            annotation(calls[0], span="span-0", index=0, call_id="call-0", framework=FW),
-            annotation(calls[1], span="span-1", index=3, call_id="call-1", framework=FW),
-        ],
-        "tool_steps": [
-            tool_step(
-                "add",
-                {"a": 2, "b": 3},
-                index=2,
-                result="5",
-                parent="call-0",
-                call_id="call-0",
-                tool_call_id="call_0_0",
-                agent="calc",
-            )
-        ],
-        "rewards": [reward(0.5, index=1)],
-    }
+    added = called_tool("add", {"a": 2, "b": 3}, call=0, index=2, result="5", agent="calc")
+    assert normalize(ro) == recorded(
+        calls,
+        spans=["span-0", "span-1"],
+        indexes=[0, 3],
+        tool_steps=[added],
+        rewards=[reward(0.5, index=1)],
+    )
     trained = transitions(ro, "final", agents=["calc"])
     assert [t.call_ids for t in trained] == [[ro.calls[0].id], [ro.calls[1].id]]

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import warnings
+from functools import partial
 from typing import Any
 
+import adapter_harness
 import pytest
-from adapter_harness import annotation, call, normalize, reply, reward, tool_call, tool_step
+from adapter_harness import annotation, call, called_tool, normalize, reply, reward, tool_call
 from langchain_core.caches import InMemoryCache
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.outputs import ChatGeneration, LLMResult
@@ -33,6 +35,7 @@ from boltrl.testing import ScriptedBackend
 from boltrl_langchain import BoltrlCallbackHandler
 
 JSON = dict[str, Any]
+recorded = partial(adapter_harness.recorded, framework="langchain")
 
 
 @tool
@@ -164,37 +167,17 @@ def expected_graph_rollout(*, streamed: bool) -> JSON:
         ),
     ]
     # a streamed ChatOpenAI call carries no response id: joined by order and content
-    cid = (lambda c: None) if streamed else (lambda c: c)
-    return {
-        "status": "succeeded",
-        "reward": 1.0,
-        "unjoined_calls": 0,
-        "calls": calls,
-        "annotations": [
-            annotation(
-                calls[0], span="run-3", index=0, call_id=cid("call-0"), framework="langchain"
-            ),
-            annotation(
-                calls[1], span="run-4", index=2, call_id=cid("call-1"), framework="langchain"
-            ),
-            annotation(
-                calls[2], span="run-5", index=3, call_id=cid("call-2"), framework="langchain"
-            ),
+    cid = [None if streamed else f"call-{i}" for i in range(3)]
+    return recorded(
+        calls,
+        spans=["run-3", "run-4", "run-5"],
+        indexes=[0, 2, 3],
+        tool_steps=[
+            called_tool("add", {"a": 2, "b": 3}, call=0, index=1, result="5", agent="planner")
         ],
-        "tool_steps": [
-            tool_step(
-                "add",
-                {"a": 2, "b": 3},
-                index=1,
-                result="5",
-                parent="call-0",
-                call_id="call-0",
-                tool_call_id="call_0_0",
-                agent="planner",
-            ),
-        ],
-        "rewards": [reward(0.5, index=4)],
-    }
+        rewards=[reward(0.5, index=4)],
+        call_ids=cid,
+    )
 
 
 @pytest.mark.parametrize(
@@ -320,29 +303,17 @@ def test_an_agent_that_raises_is_failed_and_keeps_its_records() -> None:
             response=reply("Cannot."),
         ),
     ]
-    assert normalize(ro) == {
-        "status": "failed",
-        "reward": None,
-        "unjoined_calls": 0,
-        "calls": calls,
-        "annotations": [
-            annotation(calls[0], span="run-2", index=0, call_id="call-0", framework="langchain"),
-            annotation(calls[1], span="run-3", index=2, call_id="call-1", framework="langchain"),
-        ],
-        "tool_steps": [
-            tool_step(
-                "divide",
-                {"a": 1, "b": 0},
-                index=1,
-                error="ZeroDivisionError: division by zero",
-                parent="call-0",
-                call_id="call-0",
-                tool_call_id="call_0_0",
-                agent="planner",
-            ),
-        ],
-        "rewards": [],
-    }
+    divided = called_tool(
+        "divide",
+        {"a": 1, "b": 0},
+        call=0,
+        index=1,
+        error="ZeroDivisionError: division by zero",
+        agent="planner",
+    )
+    assert normalize(ro) == recorded(
+        calls, spans=["run-2", "run-3"], indexes=[0, 2], tool_steps=[divided], failed=True
+    )
 
 
 def cached_agent(task: JSON, llm: LLM) -> float:
@@ -554,29 +525,10 @@ def test_create_react_agent_is_recorded_under_its_name(agent: Any) -> None:
             response=reply("It is 5."),
         ),
     ]
-    assert normalize(ro) == {
-        "status": "succeeded",
-        "reward": 1.0,
-        "unjoined_calls": 0,
-        "calls": calls,
-        "annotations": [
-            annotation(calls[0], span="run-2", index=0, call_id="call-0", framework="langchain"),
-            annotation(calls[1], span="run-3", index=2, call_id="call-1", framework="langchain"),
-        ],
-        "tool_steps": [
-            tool_step(
-                "add",
-                {"a": 2, "b": 3},
-                index=1,
-                result="5",
-                parent="call-0",
-                call_id="call-0",
-                tool_call_id="call_0_0",
-                agent="converter",
-            ),
-        ],
-        "rewards": [],
-    }
+    added = called_tool("add", {"a": 2, "b": 3}, call=0, index=1, result="5", agent="converter")
+    assert normalize(ro) == recorded(
+        calls, spans=["run-2", "run-3"], indexes=[0, 2], tool_steps=[added]
+    )
 
 
 def _team(llm: LLM, converter: Any) -> CompiledStateGraph:  # type: ignore[type-arg]

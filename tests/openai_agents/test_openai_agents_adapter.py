@@ -17,7 +17,7 @@ from typing import Any, Literal
 import adapter_harness
 import agents
 import pytest
-from adapter_harness import call, reply, reward, tool_call, tool_step
+from adapter_harness import call, called_tool, reply, reward, tool_call
 from agents import (
     Agent,
     Model,
@@ -41,6 +41,7 @@ from boltrl_openai_agents import BoltrlTracingProcessor
 # the Agents SDK's spans carry the response message only
 annotation = partial(adapter_harness.annotation, message_only=True)
 normalize = partial(adapter_harness.normalize, refs="span")
+recorded = partial(adapter_harness.recorded, framework="openai-agents", message_only=True)
 
 JSON = dict[str, Any]
 Api = Literal["chat.completions", "responses"]
@@ -194,29 +195,12 @@ def expected_calls(api: Api, stream: bool, *, tool: JSON = ADD_TOOL) -> list[JSO
 
 
 def handoff_step() -> JSON:
-    return tool_step(
-        "transfer_to_math",
-        {},
-        index=1,
-        result={"from_agent": "triage", "to_agent": "math"},
-        parent="call-0",
-        call_id="call-0",
-        tool_call_id="call_0_0",
-        agent="triage",
-    )
+    result = {"from_agent": "triage", "to_agent": "math"}
+    return called_tool("transfer_to_math", {}, call=0, index=1, result=result, agent="triage")
 
 
 def add_step(index: int) -> JSON:
-    return tool_step(
-        "add",
-        {"a": 2, "b": 3},
-        index=index,
-        result=5,
-        parent="call-1",
-        call_id="call-1",
-        tool_call_id="call_1_0",
-        agent="math",
-    )
+    return called_tool("add", {"a": 2, "b": 3}, call=1, index=index, result=5, agent="math")
 
 
 def call_id_seen(api: Api, stream: bool, label: str) -> str | None:
@@ -231,21 +215,15 @@ def test_handoff_and_tool_are_recorded_whole(api: Api, stream: bool) -> None:
         make_agent(api, stream=stream), {"q": USER["content"]}, backend=ScriptedBackend(SCRIPT)
     )
     calls = expected_calls(api, stream)
-    fw = "openai-agents"
     cid = [call_id_seen(api, stream, f"call-{i}") for i in range(3)]
-    assert normalize(ro) == {
-        "status": "succeeded",
-        "reward": 1.0,
-        "unjoined_calls": 0,
-        "calls": calls,
-        "annotations": [
-            annotation(calls[0], span="span-2", index=0, call_id=cid[0], framework=fw),
-            annotation(calls[1], span="span-3", index=2, call_id=cid[1], framework=fw),
-            annotation(calls[2], span="span-4", index=5, call_id=cid[2], framework=fw),
-        ],
-        "tool_steps": [handoff_step(), add_step(index=4)],
-        "rewards": [reward(0.5, index=3)],
-    }
+    assert normalize(ro) == recorded(
+        calls,
+        spans=["span-2", "span-3", "span-4"],
+        indexes=[0, 2, 5],
+        tool_steps=[handoff_step(), add_step(index=4)],
+        rewards=[reward(0.5, index=3)],
+        call_ids=cid,
+    )
 
 
 def test_redacted_spans_still_give_agents_and_tree() -> None:
@@ -295,31 +273,21 @@ def test_agent_that_raises_is_failed_with_everything_kept() -> None:
         tools=calls[1]["request"]["tools"],
         response=reply(None, [boom]),
     )
-    fw = "openai-agents"
-    assert normalize(ro) == {
-        "status": "failed",
-        "reward": None,
-        "unjoined_calls": 0,
-        "calls": calls,
-        "annotations": [
-            annotation(calls[0], span="span-2", index=0, call_id="call-0", framework=fw),
-            annotation(calls[1], span="span-3", index=2, call_id="call-1", framework=fw),
-        ],
-        "tool_steps": [
-            handoff_step(),
-            tool_step(
-                "explode",
-                {"a": 2, "b": 3},
-                index=3,
-                error="Error running tool: tool exploded",
-                parent="call-1",
-                call_id="call-1",
-                tool_call_id="call_1_0",
-                agent="math",
-            ),
-        ],
-        "rewards": [],
-    }
+    exploded = called_tool(
+        "explode",
+        {"a": 2, "b": 3},
+        call=1,
+        index=3,
+        error="Error running tool: tool exploded",
+        agent="math",
+    )
+    assert normalize(ro) == recorded(
+        calls,
+        spans=["span-2", "span-3"],
+        indexes=[0, 2],
+        tool_steps=[handoff_step(), exploded],
+        failed=True,
+    )
 
 
 def test_instrument_twice_then_uninstrument_leaves_the_sdk_as_it_was(
