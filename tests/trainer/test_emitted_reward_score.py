@@ -6,15 +6,12 @@ the return credit assignment trains on (``boltrl.scoring``), never 0.000."""
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
+from trainer_harness import read_jsonl, run_cli_ok, write_project
 
 from boltrl.credit import transitions
 from boltrl.records import RolloutStatus
@@ -48,13 +45,8 @@ def _expected(xs: list[int]) -> tuple[float, float]:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("emitted")
-    (d / "agent.py").write_text(AGENT)
-    for name, xs in (("train", TRAIN), ("val", VAL)):
-        rows = [json.dumps({"id": f"{name}{x}", "prompt": f"Count to {x}.", "x": x}) for x in xs]
-        (d / f"{name}.jsonl").write_text("\n".join(rows) + "\n")
     cfg = {
         "agent": "agent.py:agent",
-        "tasks": {"train": "train.jsonl", "val": "val.jsonl"},
         "model": str(tiny_model()),
         "steps": 1,
         "batch_tasks": len(TRAIN),
@@ -65,27 +57,18 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "out_dir": str(d / "out"),
         "progress": True,
     }
-    (d / "train.yaml").write_text(yaml.safe_dump(cfg))
-    return d
-
-
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "boltrl.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
-    )
+    tasks = {
+        name: [{"id": f"{name}{x}", "prompt": f"Count to {x}.", "x": x} for x in xs]
+        for name, xs in (("train", TRAIN), ("val", VAL))
+    }
+    return write_project(d, cfg, files={"agent.py": AGENT}, tasks=tasks)
 
 
 def test_training_reports_and_trains_on_the_emitted_rewards(project: Path) -> None:
-    proc = _cli("train", "train.yaml", cwd=project)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_cli_ok("train", "train.yaml", cwd=project)
     train_mean, train_std = _expected(TRAIN)
     val_mean, val_std = _expected(VAL)
-    rows = [json.loads(x) for x in (project / "out/metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(project / "out/metrics.jsonl")
     step = next(r for r in rows if "train/reward_mean" in r)
     assert (step["train/reward_mean"], step["train/reward_std"]) == pytest.approx(
         (train_mean, train_std)
@@ -116,8 +99,7 @@ def test_training_reports_and_trains_on_the_emitted_rewards(project: Path) -> No
 
 def test_eval_scores_the_emitted_rewards_in_its_table_and_json(project: Path) -> None:
     report = project / "eval.json"
-    proc = _cli("eval", "train.yaml", "--split", "val", "--report", str(report), cwd=project)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_cli_ok("eval", "train.yaml", "--split", "val", "--report", str(report), cwd=project)
     mean, std = _expected(VAL)
     lines = proc.stdout.splitlines()
     assert lines[1].split() == ["val", str(len(VAL)), f"{mean:.3f}", f"{std:.3f}", "0"]

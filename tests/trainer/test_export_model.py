@@ -5,61 +5,26 @@ match the trainer's own model (loaded from the checkpoint the boltrl way) to 1e-
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import yaml
+from trainer_harness import VOWEL_AGENT, run_cli, run_cli_ok, write_project
 
 from boltrl_trainer.config import LoraConfig
 from boltrl_trainer.export_model import export_model, load_checkpoint_policy
 from boltrl_trainer.models import SMOLLM2_CHAT_TEMPLATE
 
-AGENT = textwrap.dedent(
-    """
-    from openai import OpenAI
-
-    def agent(task, llm):
-        client = OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
-        reply = client.chat.completions.create(
-            model=llm.model, messages=[{"role": "user", "content": task["prompt"]}]
-        )
-        text = reply.choices[0].message.content or ""
-        return sum(c in "aeiou" for c in text) / max(len(text), 1)
-    """
-)
 MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]
-
-
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "boltrl.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2"},
-    )
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, tiny_model_path: Path) -> dict[str, Path]:
     """One-step training runs of the tiny model: ``lora`` and ``full`` (a full fine-tune)."""
     d = tmp_path_factory.mktemp("export")
-    (d / "agent.py").write_text(AGENT)
-    (d / "train.jsonl").write_text(
-        "".join(
-            json.dumps({"id": f"t{i}", "prompt": f"Say a word about {i}."}) + "\n" for i in range(2)
-        )
-    )
     cfg = {
         "agent": "agent.py:agent",
-        "tasks": {"train": "train.jsonl"},
         "model": str(tiny_model_path),
         "steps": 1,
         "batch_tasks": 2,
@@ -71,11 +36,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory, tiny_model_path: Path) -> dic
         "val_every": 0,
         "progress": False,
     }
-    (d / "train.yaml").write_text(yaml.safe_dump(cfg))
+    tasks = {"train": [{"id": f"t{i}", "prompt": f"Say a word about {i}."} for i in range(2)]}
+    write_project(d, cfg, files={"agent.py": VOWEL_AGENT}, tasks=tasks)
     out = {}
     for name, extra in (("lora", []), ("full", ["--set", "lora=null", "--set", "optim.lr=0.01"])):
-        proc = _cli("train", "train.yaml", "--out", str(d / name), *extra, cwd=d)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        run_cli_ok("train", "train.yaml", "--out", str(d / name), *extra, cwd=d, threads=2)
         out[name] = d / name
     return out
 
@@ -109,10 +74,9 @@ def test_peft_export_loads_with_peft_and_matches(runs: dict[str, Path], tmp_path
     assert (want - untrained).abs().max() > 1e-3, "the step did not change the model"
 
     out = tmp_path / "adapter"
-    proc = _cli(
+    proc = run_cli_ok(
         "export-model", str(runs["lora"]), "--format", "peft", "--out", str(out), cwd=tmp_path
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     assert "--lora-modules" in proc.stdout
     assert {"adapter_config.json", "adapter_model.safetensors", "boltrl_export.json"} <= {
         p.name for p in out.iterdir()
@@ -165,5 +129,7 @@ def test_bad_exports_are_refused_and_write_nothing(runs: dict[str, Path], tmp_pa
     with pytest.raises(InvalidInput, match=r"no state.json"):
         export_model(tmp_path / "taken", tmp_path / "b", format="merged")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
-    proc = _cli("export-model", str(runs["lora"]), "--format", "onnx", "--out", "x", cwd=tmp_path)
+    proc = run_cli(
+        "export-model", str(runs["lora"]), "--format", "onnx", "--out", "x", cwd=tmp_path
+    )
     assert proc.returncode == 2 and "invalid choice: 'onnx'" in proc.stderr

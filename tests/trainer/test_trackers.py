@@ -6,32 +6,15 @@ boltrl version)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from trainer_harness import VOWEL_AGENT, read_jsonl, run_cli_ok, write_project
 
 from boltrl.errors import InvalidInput
 from boltrl_trainer.config import load_config
-
-AGENT = textwrap.dedent(
-    """
-    from openai import OpenAI
-
-    def agent(task, llm):
-        client = OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
-        reply = client.chat.completions.create(
-            model=llm.model, messages=[{"role": "user", "content": task["prompt"]}]
-        )
-        text = reply.choices[0].message.content or ""
-        return sum(c in "aeiou" for c in text) / max(len(text), 1)
-    """
-)
 
 
 def wandb_records(path: Path) -> list[Any]:
@@ -61,14 +44,8 @@ def wandb_records(path: Path) -> list[Any]:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory, tiny_model_path: Path) -> Path:
     d = tmp_path_factory.mktemp("trackers")
-    (d / "agent.py").write_text(AGENT)
-    (d / "train.jsonl").write_text(
-        "".join(json.dumps({"id": f"t{i}", "prompt": f"Say {i}."}) + "\n" for i in range(2))
-    )
-    (d / "val.jsonl").write_text(json.dumps({"id": "v0", "prompt": "Describe 0."}) + "\n")
     cfg = {
         "agent": "agent.py:agent",
-        "tasks": {"train": "train.jsonl", "val": "val.jsonl"},
         "model": str(tiny_model_path),
         "steps": 1,
         "batch_tasks": 2,
@@ -79,11 +56,12 @@ def run(tmp_path_factory: pytest.TempPathFactory, tiny_model_path: Path) -> Path
         "out_dir": str(d / "out"),
         "progress": False,
     }
-    (d / "train.yaml").write_text(yaml.safe_dump(cfg))
+    tasks = {
+        "train": [{"id": f"t{i}", "prompt": f"Say {i}."} for i in range(2)],
+        "val": [{"id": "v0", "prompt": "Describe 0."}],
+    }
+    write_project(d, cfg, files={"agent.py": VOWEL_AGENT}, tasks=tasks)
     env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "OMP_NUM_THREADS": "2",
         "WANDB_MODE": "offline",
         "WANDB_SILENT": "true",
         "WANDB_PROJECT": "boltrl-test",
@@ -91,22 +69,14 @@ def run(tmp_path_factory: pytest.TempPathFactory, tiny_model_path: Path) -> Path
         "MLFLOW_ALLOW_FILE_STORE": "true",  # MLflow 3 keeps the file store behind this flag
         "MLFLOW_EXPERIMENT_NAME": "boltrl-test",
     }
-    proc = subprocess.run(
-        [sys.executable, "-m", "boltrl.cli", "train", "train.yaml"],
-        cwd=d,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_cli_ok("train", "train.yaml", cwd=d, threads=2, env=env)
     return d
 
 
 def test_jsonl_and_tensorboard(run: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    rows = [json.loads(x) for x in (run / "out" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(run / "out" / "metrics.jsonl")
     assert [r["step"] for r in rows if "update/loss" in r] == [1]
     assert [r["step"] for r in rows if "val/reward_mean" in r] == [0, 1]
     events = EventAccumulator(str(run / "out" / "tensorboard"))

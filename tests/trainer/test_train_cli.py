@@ -4,47 +4,21 @@ real generation through the gateway, real updates, checkpoints and ``--resume``.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
 from safetensors.torch import load_file
+from trainer_harness import VOWEL_AGENT, read_jsonl, run_cli, run_cli_ok, write_project
 
 from boltrl_trainer.config import load_config
 from boltrl_trainer.models import tiny_model
-
-AGENT = textwrap.dedent(
-    """
-    from openai import OpenAI
-
-    def agent(task, llm):
-        client = OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
-        reply = client.chat.completions.create(
-            model=llm.model, messages=[{"role": "user", "content": task["prompt"]}]
-        )
-        text = reply.choices[0].message.content or ""
-        # a reward with spread even for a random model: share of vowels in the reply
-        return sum(c in "aeiou" for c in text) / max(len(text), 1)
-    """
-)
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("train")
-    (d / "agent.py").write_text(AGENT)
-    with (d / "train.jsonl").open("w") as f:
-        for i in range(6):
-            f.write(json.dumps({"id": f"t{i}", "prompt": f"Say something about {i}."}) + "\n")
-    with (d / "val.jsonl").open("w") as f:
-        for i in range(3):
-            f.write(json.dumps({"id": f"v{i}", "prompt": f"Describe {i}."}) + "\n")
     cfg = {
         "agent": "agent.py:agent",
-        "tasks": {"train": "train.jsonl", "val": "val.jsonl"},
         "model": str(tiny_model()),
         "steps": 2,
         "batch_tasks": 2,
@@ -58,28 +32,19 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "out_dir": str(d / "out"),
         "progress": False,
     }
-    (d / "train.yaml").write_text(yaml.safe_dump(cfg))
-    return d
-
-
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "boltrl.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"},
-    )
+    tasks = {
+        "train": [{"id": f"t{i}", "prompt": f"Say something about {i}."} for i in range(6)],
+        "val": [{"id": f"v{i}", "prompt": f"Describe {i}."} for i in range(3)],
+    }
+    return write_project(d, cfg, files={"agent.py": VOWEL_AGENT}, tasks=tasks)
 
 
 def test_train_two_steps_then_resume(project: Path) -> None:
     out = project / "out"
-    proc = _cli("train", "train.yaml", cwd=project)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_cli_ok("train", "train.yaml", cwd=project)
     assert "val reward:" in proc.stdout
 
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(out / "metrics.jsonl")
     steps = [r for r in rows if "update/loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
     assert [r["policy_version"] for r in steps] == [1, 2]
@@ -97,10 +62,9 @@ def test_train_two_steps_then_resume(project: Path) -> None:
     lora_b = [v for k, v in weights.items() if "lora_B" in k]
     assert lora_b and any(float(v.abs().sum()) > 0 for v in lora_b), "LoRA weights unchanged"
 
-    proc = _cli("train", "train.yaml", "--resume", "--set", "steps=3", cwd=project)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_cli_ok("train", "train.yaml", "--resume", "--set", "steps=3", cwd=project)
     assert "resumed from" in proc.stdout
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in rows if "update/loss" in r] == [1, 2, 3]
     assert (
         json.loads((out / "checkpoints" / "step-000003" / "state.json").read_text())[
@@ -115,7 +79,7 @@ def test_train_two_steps_then_resume(project: Path) -> None:
 
 
 def test_eval_writes_its_table(project: Path) -> None:
-    proc = _cli(
+    proc = run_cli_ok(
         "eval",
         "train.yaml",
         "--split",
@@ -128,7 +92,6 @@ def test_eval_writes_its_table(project: Path) -> None:
         str(project / "eval.json"),
         cwd=project,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     assert "split" in proc.stdout and "val" in proc.stdout
     report = json.loads((project / "eval.json").read_text())
     assert set(report["splits"]) == {"val", "train"}
@@ -142,6 +105,6 @@ def test_config_errors_name_the_field(project: Path) -> None:
         load_config(project / "train.yaml", ["steps=-1"])
     with pytest.raises(InvalidInput, match=r"optim.lrr: unknown field"):
         load_config(project / "train.yaml", ["optim.lrr=0.1"])
-    proc = _cli("train", "train.yaml", "--set", "algo.clip_eps_low=2", cwd=project)
+    proc = run_cli("train", "train.yaml", "--set", "algo.clip_eps_low=2", cwd=project)
     assert proc.returncode == 2
     assert "clip_eps_low" in proc.stderr

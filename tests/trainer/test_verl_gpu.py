@@ -15,11 +15,11 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+from trainer_harness import VOWEL_AGENT
 
 torch = pytest.importorskip("torch")
 
@@ -27,20 +27,6 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
-
-AGENT = textwrap.dedent(
-    """
-    from openai import OpenAI
-
-    def agent(task, llm):
-        client = OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
-        reply = client.chat.completions.create(
-            model=llm.model, messages=[{"role": "user", "content": task["prompt"]}]
-        )
-        text = reply.choices[0].message.content or ""
-        return sum(c in "aeiou" for c in text) / max(len(text), 1)
-    """
-)
 
 
 def _model() -> str:
@@ -81,7 +67,7 @@ def _config(out: Path, **over: Any) -> dict[str, Any]:
 def test_two_verl_steps_through_boltrl_train(tmp_path: Path) -> None:
     import yaml
 
-    (tmp_path / "agent.py").write_text(AGENT)
+    (tmp_path / "agent.py").write_text(VOWEL_AGENT)
     (tmp_path / "train.jsonl").write_text(
         "".join(json.dumps({"prompt": f"Say something about {i}."}) + "\n" for i in range(4))
     )

@@ -5,15 +5,12 @@ and the RL update refusing demonstrations."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
 from safetensors.torch import load_file
+from trainer_harness import read_jsonl, run_cli_ok, write_project
 
 from boltrl.errors import InvalidInput
 from boltrl.records import Transition
@@ -44,19 +41,8 @@ TEACHER = textwrap.dedent(
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("warm")
-    (d / "agent.py").write_text(AGENT)
-    (d / "teacher.py").write_text(TEACHER)
-    (d / "train.jsonl").write_text(
-        "".join(json.dumps({"id": f"t{i}", "prompt": f"Is {i} a number?"}) + "\n" for i in range(8))
-    )
-    (d / "val.jsonl").write_text(
-        "".join(
-            json.dumps({"id": f"v{i}", "prompt": f"Is {i} a number?"}) + "\n" for i in range(20, 24)
-        )
-    )
     cfg = {
         "agent": "agent.py:agent",
-        "tasks": {"train": "train.jsonl", "val": "val.jsonl"},
         "model": str(tiny_model()),
         "steps": 1,
         "batch_tasks": 2,
@@ -71,33 +57,23 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "progress": False,
         "warm_start": {"teacher": "teacher.py:teach", "epochs": 6, "lr": 1e-2, "batch_size": 4},
     }
-    (d / "train.yaml").write_text(yaml.safe_dump(cfg))
-    return d
+    tasks = {
+        split: [{"id": f"{split[0]}{i}", "prompt": f"Is {i} a number?"} for i in ids]
+        for split, ids in (("train", range(8)), ("val", range(20, 24)))
+    }
+    return write_project(d, cfg, files={"agent.py": AGENT, "teacher.py": TEACHER}, tasks=tasks)
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "boltrl.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
-    )
-
-
-def _rows(path: Path) -> list[dict[str, float]]:
-    return [json.loads(x) for x in path.read_text().splitlines()]
+TIMEOUT = 300  # an SFT run and an RL run each
 
 
 def test_sft_then_train_from_its_checkpoint(project: Path) -> None:
     out = project / "sft"
-    proc = _cli("sft", "train.yaml", "--out", str(out), cwd=project)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_cli_ok("sft", "train.yaml", "--out", str(out), cwd=project, timeout=TIMEOUT)
     assert "demonstrations: 8 of 8 rollouts kept (8 transitions" in proc.stdout
     assert "val reward: 0.000 -> 1.000" in proc.stdout, proc.stdout
 
-    rows = _rows(out / "warm_start" / "metrics.jsonl")
+    rows = read_jsonl(out / "warm_start" / "metrics.jsonl")
     losses = [r["sft/loss"] for r in rows if "sft/loss" in r]
     assert len(losses) == 6 * 2  # 8 demonstrations in batches of 4, 6 epochs
     assert losses[-1] < 0.2 * losses[0], losses
@@ -124,12 +100,13 @@ def test_sft_then_train_from_its_checkpoint(project: Path) -> None:
     # RL from that checkpoint: it starts where the warm start ended (greedy val 1.0, not
     # the base model's 0.0) and continues its version numbering
     rl = project / "rl"
-    proc = _cli(
+    proc = run_cli_ok(
         "train", "train.yaml", "--out", str(rl), "--set", "warm_start=null",
-        "--set", f"init_from={out / 'warm_start'}", cwd=project,
+        "--set", f"init_from={out / 'warm_start'}", cwd=project, timeout=TIMEOUT,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    vals = [r["val/reward_mean"] for r in _rows(rl / "metrics.jsonl") if "val/reward_mean" in r]
+    vals = [
+        r["val/reward_mean"] for r in read_jsonl(rl / "metrics.jsonl") if "val/reward_mean" in r
+    ]
     assert vals[0] == 1.0, vals
     final = json.loads((rl / "checkpoints" / "step-000001" / "state.json").read_text())
     assert final["policy_version"] == 2
@@ -137,12 +114,11 @@ def test_sft_then_train_from_its_checkpoint(project: Path) -> None:
 
 def test_train_runs_the_warm_start_then_rl(project: Path) -> None:
     out = project / "both"
-    proc = _cli("train", "train.yaml", "--out", str(out), cwd=project)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_cli_ok("train", "train.yaml", "--out", str(out), cwd=project, timeout=TIMEOUT)
     assert "warm start val before: reward 0.000" in proc.stdout, proc.stdout
-    warm = _rows(out / "warm_start" / "metrics.jsonl")
+    warm = read_jsonl(out / "warm_start" / "metrics.jsonl")
     assert [r["step"] for r in warm if "sft/loss" in r] == list(range(1, 13))
-    rl = _rows(out / "metrics.jsonl")
+    rl = read_jsonl(out / "metrics.jsonl")
     assert [r["val/reward_mean"] for r in rl if "val/reward_mean" in r] == [1.0, 1.0]
     steps = [r for r in rl if "update/loss" in r or "update/skipped" in r]
     assert [r["policy_version"] for r in steps] == [2] or steps[0].get("update/skipped")
