@@ -10,13 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from trainer_harness import collect_demos
 
 from boltrl.credit import CreditConfig, rollout_return
-from boltrl.loading import load_object
 from boltrl.records import RolloutStatus
 from boltrl.store import open_store
 from boltrl_trainer.config import load_config
-from boltrl_trainer.demonstrations import collect
 from boltrl_trainer.models import tiny_model
 
 ROOT = Path(__file__).resolve().parents[2] / "examples"
@@ -64,13 +63,7 @@ def test_teacher_earns_the_max_reward_through_the_real_agent(
     assert cfg.warm_start is not None and cfg.warm_start.teacher.endswith("teacher.py:teach")
     store = open_store("memory://")
     try:
-        demos = collect(
-            cfg,
-            cfg.warm_start,
-            agent=load_object(cfg.agent, what="agent"),
-            tokenizer=tokenizer,
-            store=store,
-        )
+        demos = collect_demos(cfg, tokenizer, store)
         rollouts = [store.get(r.id) for r in store.query(limit=100)]
     finally:
         store.close()
@@ -104,13 +97,7 @@ def test_sql_writer_only_config_trains_the_writer(isolated: None, tokenizer: obj
     assert cfg.warm_start is not None
     store = open_store("memory://")
     try:
-        demos = collect(
-            cfg,
-            cfg.warm_start,
-            agent=load_object(cfg.agent, what="agent"),
-            tokenizer=tokenizer,
-            store=store,
-        )
+        demos = collect_demos(cfg, tokenizer, store)
     finally:
         store.close()
     assert demos.kept == 2

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from trainer_harness import collect_demos
 
 from boltrl.credit import transitions
 from boltrl.errors import InvalidInput
@@ -23,7 +24,7 @@ from boltrl.records import RolloutStatus, Task
 from boltrl.store import open_store
 from boltrl.testing import ScriptedBackend
 from boltrl_trainer.config import TrainConfig, load_config
-from boltrl_trainer.demonstrations import collect, training_tasks
+from boltrl_trainer.demonstrations import Demonstrations, collect, training_tasks
 from boltrl_trainer.session import RolloutSession, Sampling, tag_tasks
 from boltrl_trainer.teacher_backend import (
     FunctionTeacher,
@@ -185,16 +186,9 @@ def test_demonstrations_through_the_real_sdk_and_gateway(
 ) -> None:
     cfg = _cfg(project, tiny_model_path)
     assert cfg.warm_start is not None
-    from boltrl.loading import load_object
 
     store = open_store("memory://")
-    demos = collect(
-        cfg,
-        cfg.warm_start,
-        agent=load_object(cfg.agent, what="agent"),
-        tokenizer=tokenizer,
-        store=store,
-    )
+    demos = collect_demos(cfg, tokenizer, store)
     assert (demos.rollouts, demos.kept, demos.failed, demos.rejected) == (8, 8, 0, 0)
     assert demos.source == "function:teacher.py:teach"
     assert len(demos.transitions) == 6 + 2 * 2
@@ -277,26 +271,22 @@ def test_teachers_never_see_val_or_test(project: Path, tiny_model_path: Path) ->
     store.close()
 
 
-def test_sft_loss_falls_on_the_tiny_model(
-    project: Path, tiny_model_path: Path, tokenizer: Any
-) -> None:
+@pytest.fixture(scope="module")
+def demos(project: Path, tiny_model_path: Path, tokenizer: Any) -> Demonstrations:
+    """The function teacher's demonstrations of the training tasks (8 rollouts)."""
+    store = open_store("memory://")
+    try:
+        return collect_demos(_cfg(project, tiny_model_path), tokenizer, store)
+    finally:
+        store.close()
+
+
+def test_sft_loss_falls_on_the_tiny_model(tiny_model_path: Path, demos: Demonstrations) -> None:
     import torch
 
-    from boltrl.loading import load_object
     from boltrl_trainer.models import load_model
     from boltrl_trainer.sft import SFTBackend
 
-    cfg = _cfg(project, tiny_model_path)
-    assert cfg.warm_start is not None
-    store = open_store("memory://")
-    demos = collect(
-        cfg,
-        cfg.warm_start,
-        agent=load_object(cfg.agent, what="agent"),
-        tokenizer=tokenizer,
-        store=store,
-    )
-    store.close()
     torch.manual_seed(0)
     model, _ = load_model(tiny_model_path)
     sft = SFTBackend(model, lr=3e-3, pad_id=2, token_budget=256)  # 256: several micro-batches
@@ -325,19 +315,12 @@ def teacher_server() -> Iterator[Gateway]:
 def test_teacher_model_through_upstream_with_rejection_by_reward(
     project: Path, tiny_model_path: Path, tokenizer: Any, teacher_server: Gateway
 ) -> None:
-    from boltrl.loading import load_object
 
     teacher = {"base_url": teacher_server.url + "/v1", "model": "big-teacher"}
     cfg = _cfg(project, tiny_model_path, teacher=teacher, min_reward=1.0, limit=6)
     assert cfg.warm_start is not None
     store = open_store("memory://")
-    demos = collect(
-        cfg,
-        cfg.warm_start,
-        agent=load_object(cfg.agent, what="agent"),
-        tokenizer=tokenizer,
-        store=store,
-    )
+    demos = collect_demos(cfg, tokenizer, store)
     assert (demos.rollouts, demos.kept, demos.rejected, demos.failed) == (6, 3, 3, 0)
     assert demos.source == f"model:big-teacher@{teacher_server.url}/v1"
     kept = {t.task_id for t in demos.transitions}
@@ -403,27 +386,15 @@ def test_own_successes_from_a_store(project: Path, tiny_model_path: Path, tokeni
 
 
 def test_shared_prefix_gives_the_same_loss_and_update(
-    project: Path, tiny_model_path: Path, tokenizer: Any
+    tiny_model_path: Path, demos: Demonstrations
 ) -> None:
     """Every prompt starts with the same system message: run once, continued from its KV
     cache, it must change nothing but the cost."""
     import torch
 
-    from boltrl.loading import load_object
     from boltrl_trainer.models import load_model
     from boltrl_trainer.sft import SFTBackend
 
-    cfg = _cfg(project, tiny_model_path)
-    assert cfg.warm_start is not None
-    store = open_store("memory://")
-    demos = collect(
-        cfg,
-        cfg.warm_start,
-        agent=load_object(cfg.agent, what="agent"),
-        tokenizer=tokenizer,
-        store=store,
-    )
-    store.close()
     items = [t for t in demos.transitions if t.task_id.startswith("t")]  # one system prompt
     assert SFTBackend.shared_prefix(items) >= 16
     runs = []
