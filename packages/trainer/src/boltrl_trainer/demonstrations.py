@@ -186,17 +186,7 @@ def collect(
     guard = TaskGuard(store, [t.id for t in tasks])
     backend = TeacherBackend(teacher, StudentRenderer(tokenizer, eos_ids), guard)
     sampling = Sampling(ws.temperature, 1.0, cfg.max_tokens)
-    session = RolloutSession(
-        agent,
-        backend,
-        store,
-        concurrency=cfg.concurrency,
-        default_sampling=sampling,
-        timeout_s=cfg.rollout_timeout_s,
-        max_attempts=cfg.max_attempts,
-        reporter=reporter,
-        credit=credit,
-    )
+    session = RolloutSession.for_config(cfg, agent, backend, store, sampling, reporter=reporter)
     out = Demonstrations([], teacher.source)
     tagged = tag_tasks(tasks, run=run_name, step=0, phase="warm_start", repeat=ws.repeats)
     with session:

@@ -140,17 +140,7 @@ def evaluate(
     run = run_name or time.strftime("eval-%Y%m%d-%H%M%S", time.gmtime())
     evaluated = checkpoint or (model if upstream is not None else None) or cfg.model
     sampling = Sampling(temperature, cfg.top_p, cfg.max_tokens)
-    session = RolloutSession(
-        agent,
-        backend,
-        store,
-        concurrency=cfg.concurrency,
-        default_sampling=sampling,
-        timeout_s=cfg.rollout_timeout_s,
-        max_attempts=cfg.max_attempts,
-        reporter=reporter,
-        credit=credit,
-    )
+    session = RolloutSession.for_config(cfg, agent, backend, store, sampling, reporter=reporter)
     results = []
     try:
         with session:

@@ -28,6 +28,7 @@ from boltrl.records import Resources, Rollout, Task
 from boltrl.runner import AgentFn, Runner
 from boltrl.scoring import summarize_scores
 from boltrl.store.base import Store
+from boltrl_trainer.config import TrainConfig
 from boltrl_trainer.failures import failure_lines, silent_line
 from boltrl_trainer.reporting import LogReporter, Reporter
 
@@ -150,6 +151,31 @@ class RolloutSession:
         self.credit = credit or CreditConfig()
         self.gateway = Gateway(self.backend, store)
         self.runner = Runner(agent, store, concurrency=concurrency, claim_wait_s=1.0)
+
+    @classmethod
+    def for_config(
+        cls,
+        cfg: TrainConfig,
+        agent: AgentFn,
+        backend: Backend,
+        store: Store,
+        sampling: Sampling,
+        *,
+        reporter: Reporter | None = None,
+    ) -> RolloutSession:
+        """A session as ``cfg`` runs rollouts (concurrency, rollout timeout, attempts, the
+        credit that scores them), sampling with ``sampling`` unless a phase says otherwise."""
+        return cls(
+            agent,
+            backend,
+            store,
+            concurrency=cfg.concurrency,
+            default_sampling=sampling,
+            timeout_s=cfg.rollout_timeout_s,
+            max_attempts=cfg.max_attempts,
+            reporter=reporter,
+            credit=CreditConfig.from_dict(cfg.credit),
+        )
 
     def __enter__(self) -> RolloutSession:
         self.gateway.start()

@@ -132,16 +132,8 @@ class Trainer:
                 )
             log.info("model ready in %.1fs (backend %s)", time.perf_counter() - t0, cfg.backend)
             train_sampling = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens)
-            session = RolloutSession(
-                self.agent,
-                server,
-                store,
-                concurrency=cfg.concurrency,
-                default_sampling=train_sampling,
-                timeout_s=cfg.rollout_timeout_s,
-                max_attempts=cfg.max_attempts,
-                reporter=self.reporter,
-                credit=self.credit,
+            session = RolloutSession.for_config(
+                cfg, self.agent, server, store, train_sampling, reporter=self.reporter
             )
             with session:
                 if not history and self.val_tasks:

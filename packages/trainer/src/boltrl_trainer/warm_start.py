@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from boltrl.credit import CreditConfig
 from boltrl.errors import InvalidInput
 from boltrl.loading import load_object
 from boltrl.records import RolloutStatus, Task
@@ -122,17 +121,7 @@ def _validate(
 ) -> float:
     """Greedy mean reward on ``tasks`` (a failed rollout scores 0, as in RL validation)."""
     sampling = Sampling(0.0, 1.0, cfg.max_tokens)
-    session = RolloutSession(
-        agent,
-        backend,
-        store,
-        concurrency=cfg.concurrency,
-        default_sampling=sampling,
-        timeout_s=cfg.rollout_timeout_s,
-        max_attempts=cfg.max_attempts,
-        reporter=reporter,
-        credit=CreditConfig.from_dict(cfg.credit),
-    )
+    session = RolloutSession.for_config(cfg, agent, backend, store, sampling, reporter=reporter)
     tagged = tag_tasks(tasks, run="warm_start", step=0, phase="val")
     with session:
         out = session.run(tagged, sampling, label=label)
