@@ -6,7 +6,16 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from gateway_util import WEATHER_TOOL, client, normalized, running, scripted_call, serve, tool_call
+from gateway_util import (
+    WEATHER_TOOL,
+    client,
+    normalized,
+    responses_stream_deltas,
+    running,
+    scripted_call,
+    serve,
+    tool_call,
+)
 
 from boltrl.gateway import Gateway
 from boltrl.store import open_store
@@ -142,21 +151,7 @@ def test_streaming_text(gateway: Gateway, store: Store) -> None:
     with llm.responses.stream(model="policy", input="Weather?") as stream:
         events = list(stream)
         final = stream.get_final_response()
-    kinds = [e.type for e in events]
-    assert kinds[:4] == [
-        "response.created",
-        "response.in_progress",
-        "response.output_item.added",
-        "response.content_part.added",
-    ]
-    assert kinds[-4:] == [
-        "response.output_text.done",
-        "response.content_part.done",
-        "response.output_item.done",
-        "response.completed",
-    ]
-    assert [e.sequence_number for e in events] == list(range(len(events)))
-    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    deltas = responses_stream_deltas(events)
     assert len(deltas) > 1 and "".join(deltas) == "It is sunny in Paris."
     assert final.output_text == "It is sunny in Paris." and final.status == "completed"
     calls = store.get(attempt.rollout_id).calls

@@ -7,18 +7,20 @@ client saw is what the recorded ids decode to.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import openai
+import gateway_util
 import pytest
 from backend_util import Forced, assert_token_truth
+from gateway_util import running
 
 from boltrl.gateway import Gateway
-from boltrl.records import JSON, Attempt, LLMCall, Task
+from boltrl.records import JSON, Attempt, LLMCall
 from boltrl.store import open_store
 from boltrl.store.base import Store
 from boltrl_trainer._chat import template_hash
@@ -53,18 +55,7 @@ def backend(tiny_model_path: Path) -> Iterator[TransformersBackend]:
     b.close()
 
 
-def running(store: Store, n: int = 1) -> list[Attempt]:
-    store.enqueue([Task(input={"i": i}) for i in range(n)])
-    attempts = []
-    for _ in range(n):
-        attempt = store.claim("worker-test")
-        assert attempt is not None
-        attempts.append(attempt)
-    return attempts
-
-
-def client(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url, api_key="test", max_retries=0, timeout=60)
+client = functools.partial(gateway_util.client, timeout=60)  # the model samples under load
 
 
 def only_call(store: Store, rollout_id: str) -> LLMCall:

@@ -9,16 +9,19 @@ string is never streamed, nor half a character.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import openai
+import gateway_util
 import pytest
 from backend_util import Forced
+from gateway_util import responses_stream_deltas, running
 
 from boltrl.gateway import Gateway
 from boltrl.gateway.backend import Generation, GenerationRequest, StreamingBackend, stream_of
-from boltrl.records import Attempt, LLMCall, Task
+from boltrl.records import Attempt, LLMCall
 from boltrl.store import open_store
 from boltrl.store.base import Store
 from boltrl.testing import ScriptedBackend
@@ -35,18 +38,26 @@ def store() -> Iterator[Store]:
     s.close()
 
 
-def _running(store: Store, n: int) -> list[Attempt]:
-    store.enqueue([Task(input={"i": i}) for i in range(n)])
-    out = []
-    for _ in range(n):
-        a = store.claim("w")
-        assert a is not None
-        out.append(a)
-    return out
+client = functools.partial(gateway_util.client, timeout=60)  # the model samples under load
 
 
-def _client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url, api_key="k", max_retries=0, timeout=60)
+def _plain_and_streamed(
+    store: Store,
+    plain: tuple[TransformersBackend, Attempt],
+    streamed: tuple[TransformersBackend, Attempt],
+    kw: dict[str, Any],
+) -> tuple[Any, list[Any], list[str]]:
+    """One chat request made plainly through a gateway on ``plain``'s backend and streamed
+    through one on ``streamed``'s (each for its rollout attempt): the plain reply, the
+    streamed chunks and their text deltas."""
+    (b1, a1), (b2, a2) = plain, streamed
+    with Gateway(b1, store) as gw1, Gateway(b2, store) as gw2:
+        reply = client(gw1.rollout_url(a1)).chat.completions.create(**kw)
+        chunks = list(client(gw2.rollout_url(a2)).chat.completions.create(**kw, stream=True))
+    deltas = [
+        c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
+    ]
+    return reply, chunks, deltas
 
 
 def _call(store: Store, a: Attempt) -> LLMCall:
@@ -59,14 +70,14 @@ def test_streamed_text_leaves_while_sampling_and_records_the_same_call(
 ) -> None:
     backend = TransformersBackend(str(tiny_model_path), max_tokens=32)
     assert isinstance(backend, StreamingBackend)
-    plain, streamed = _running(store, 2)
+    plain, streamed = running(store, 2)
     kw = {"model": "p", "messages": MESSAGES, "temperature": 1.0, "max_tokens": 32, "seed": 7}
     try:
         with Gateway(backend, store) as gw:
-            reply = _client(gw.rollout_url(plain)).chat.completions.create(**kw)  # type: ignore[call-overload]
+            reply = client(gw.rollout_url(plain)).chat.completions.create(**kw)  # type: ignore[call-overload]
             steps_at_first: int | None = None
             deltas: list[str] = []
-            for chunk in _client(gw.rollout_url(streamed)).chat.completions.create(  # type: ignore[call-overload]
+            for chunk in client(gw.rollout_url(streamed)).chat.completions.create(  # type: ignore[call-overload]
                 **kw, stream=True
             ):
                 piece = chunk.choices[0].delta.content if chunk.choices else None
@@ -108,16 +119,9 @@ def test_stop_strings_and_partial_characters_are_never_streamed(
 ) -> None:
     text = "Once upon a time 🙂 a fox met a crow. THE END and then some more words"
     ids, one, two = _script(forced, text)
-    plain, streamed = _running(store, 2)
+    plain, streamed = running(store, 2)
     kw = {"model": "p", "messages": MESSAGES, "temperature": 0, "stop": ["THE END"]}
-    with Gateway(one, store) as gw1, Gateway(two, store) as gw2:
-        reply = _client(gw1.rollout_url(plain)).chat.completions.create(**kw)  # type: ignore[call-overload]
-        chunks = list(
-            _client(gw2.rollout_url(streamed)).chat.completions.create(**kw, stream=True)  # type: ignore[call-overload]
-        )
-    deltas = [
-        c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
-    ]
+    reply, chunks, deltas = _plain_and_streamed(store, (one, plain), (two, streamed), kw)
     expected = "Once upon a time 🙂 a fox met a crow. "
     assert reply.choices[0].message.content == expected == "".join(deltas)
     assert len(deltas) > 3
@@ -131,28 +135,14 @@ def test_stop_strings_and_partial_characters_are_never_streamed(
 def test_responses_api_streams_live(forced: Forced, store: Store) -> None:
     text = "The quick brown fox jumps over the lazy dog, twice over."
     ids, one, _ = _script(forced, text)
-    (attempt,) = _running(store, 1)
+    (attempt,) = running(store, 1)
     with Gateway(one, store) as gw:
         events = list(
-            _client(gw.rollout_url(attempt)).responses.create(
+            client(gw.rollout_url(attempt)).responses.create(
                 model="p", input="Say it.", temperature=0, stream=True
             )
         )
-    kinds = [e.type for e in events]
-    assert kinds[:4] == [
-        "response.created",
-        "response.in_progress",
-        "response.output_item.added",
-        "response.content_part.added",
-    ]
-    assert kinds[-4:] == [
-        "response.output_text.done",
-        "response.content_part.done",
-        "response.output_item.done",
-        "response.completed",
-    ]
-    assert [e.sequence_number for e in events] == list(range(len(events)))
-    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    deltas = responses_stream_deltas(events)
     assert "".join(deltas) == text and len(deltas) > 3
     final = events[-1].response  # type: ignore[union-attr]
     assert final.output_text == text
@@ -164,7 +154,7 @@ def test_text_before_a_tool_call_streams_and_the_call_follows(forced: Forced, st
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
     reply = f"Let me add the two numbers for you. {call}"
     ids, one, two = _script(forced, reply)
-    plain, streamed = _running(store, 2)
+    plain, streamed = running(store, 2)
     tool = {
         "type": "function",
         "function": {
@@ -176,14 +166,7 @@ def test_text_before_a_tool_call_streams_and_the_call_follows(forced: Forced, st
         },
     }
     kw = {"model": "p", "messages": MESSAGES, "temperature": 0, "tools": [tool]}
-    with Gateway(one, store) as gw1, Gateway(two, store) as gw2:
-        r = _client(gw1.rollout_url(plain)).chat.completions.create(**kw)  # type: ignore[call-overload]
-        chunks = list(
-            _client(gw2.rollout_url(streamed)).chat.completions.create(**kw, stream=True)  # type: ignore[call-overload]
-        )
-    deltas = [
-        c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
-    ]
+    r, chunks, deltas = _plain_and_streamed(store, (one, plain), (two, streamed), kw)
     assert "".join(deltas) == r.choices[0].message.content == "Let me add the two numbers for you."
     assert len(deltas) > 3 and not any("<" in d for d in deltas)
     calls = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
@@ -204,12 +187,12 @@ def test_the_sessions_sampling_wrapper_streams_live(tiny_model_path: Path, store
     inner = TransformersBackend(str(tiny_model_path), max_tokens=64)
     wrapped = PhaseSampling(inner, Sampling(temperature=1.0, top_p=1.0, max_tokens=24))
     assert isinstance(wrapped, StreamingBackend)
-    (attempt,) = _running(store, 1)
+    (attempt,) = running(store, 1)
     try:
         with Gateway(wrapped, store) as gw:
             steps_at_first = None
             deltas = []
-            for chunk in _client(gw.rollout_url(attempt)).chat.completions.create(
+            for chunk in client(gw.rollout_url(attempt)).chat.completions.create(
                 model="p", messages=MESSAGES, temperature=0, max_tokens=60, seed=7, stream=True
             ):
                 if chunk.choices and chunk.choices[0].delta.content:

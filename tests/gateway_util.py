@@ -1,9 +1,10 @@
-"""Shared helpers of the gateway tests: a served gateway, clients, running rollouts, and
-the expected ``LLMCall`` of a scripted call."""
+"""Shared helpers of the gateway tests (core's, and the trainer's through its backends): a
+served gateway, clients, running rollouts, a streamed Responses answer's text, and the
+expected ``LLMCall`` of a scripted call. ``tests/`` is on pytest's ``pythonpath``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -29,8 +30,8 @@ def serve(backend: Backend, store: Store | None = None, **kw: Any) -> Iterator[G
         gw.stop()
 
 
-def client(base_url: str, api_key: str = "test") -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=30)
+def client(base_url: str, api_key: str = "test", *, timeout: float = 30) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout)
 
 
 def running(store: Store, n: int = 1) -> list[Attempt]:
@@ -42,6 +43,26 @@ def running(store: Store, n: int = 1) -> list[Attempt]:
         assert a is not None
         attempts.append(a)
     return attempts
+
+
+def responses_stream_deltas(events: Sequence[Any]) -> list[str]:
+    """The text deltas of a streamed Responses answer, after checking its events come in the
+    order the Responses API sends them (created ... completed), numbered from 0."""
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    return [e.delta for e in events if e.type == "response.output_text.delta"]
 
 
 def normalized(call: LLMCall) -> JSON:
