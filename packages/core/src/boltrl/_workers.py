@@ -88,9 +88,9 @@ def worker_main(
     conn: multiprocessing.connection.Connection, spec: str, parent: int, memory_mb: int | None
 ) -> None:
     """Entry point of a worker process: load the agent, then run what the runner sends."""
+    from boltrl._agent_run import _AgentRun, _as_reward, _default_retryable
     from boltrl.context import RolloutContext
     from boltrl.loading import load_object
-    from boltrl.runner import _AgentRun, _as_reward, _default_retryable
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle
     if memory_mb is not None:  # a blow-up becomes the agent's MemoryError, not the OOM killer's

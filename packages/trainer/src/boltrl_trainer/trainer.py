@@ -33,13 +33,13 @@ from boltrl_trainer.algorithms import RunningBaseline, compute_advantages, make_
 from boltrl_trainer.backends import backend_for
 from boltrl_trainer.config import TrainConfig
 from boltrl_trainer.failures import AllRolloutsFailed, failure_lines
+from boltrl_trainer.lineage import run_lineage
 from boltrl_trainer.malloc_tuning import tune_malloc
 from boltrl_trainer.metrics import MetricsWriter, plot_rewards
 from boltrl_trainer.reporting import LogReporter, Reporter
 from boltrl_trainer.seams import PolicyServer, TrainBatch, TrainingBackend, weight_swap
 from boltrl_trainer.session import RolloutSession, Sampling, tag_tasks
 from boltrl_trainer.tasks import load_tasks
-from boltrl_trainer.trackers import run_lineage
 
 log = logging.getLogger(__name__)
 
