@@ -23,7 +23,7 @@ from boltrl.errors import (
     StoreUnavailable,
     Unauthorized,
 )
-from boltrl.records import Attempt, RewardEvent, Task, ToolStep
+from boltrl.records import Attempt, Resources, RewardEvent, Task, ToolStep
 from boltrl.store import HttpStore, Store
 
 pytestmark = pytest.mark.timeout(60)
@@ -191,6 +191,18 @@ def _bad_calls(w: World) -> list[tuple[str, Callable[[Store], Any], type[BoltrlE
         ("cancel unknown", lambda s: s.cancel("ro-ghost"), NotFound, "ro-ghost"),
         ("cancel finished", lambda s: s.cancel(w.done), Conflict, "already succeeded"),
         ("publish junk", lambda s: s.publish_resources({"x": 1}), InvalidInput, "resources"),
+        (
+            "publish NaN sampling",
+            lambda s: s.publish_resources(Resources(sampling={"temperature": math.nan})),
+            InvalidInput,
+            "resources.sampling.temperature",
+        ),
+        (
+            "finish unreadable error",
+            lambda s: s.finish(live, "failed", error="bad \ud800 text"),
+            InvalidInput,
+            "error",
+        ),
     ]
 
 

@@ -46,6 +46,7 @@ from boltrl.store._checks import (
     check_int,
     check_number,
     check_optional_status,
+    check_readable,
     check_records,
     check_status,
     check_tasks,
@@ -448,6 +449,7 @@ class StoreEngine(abc.ABC):
         for name, val in (("error", error), ("error_kind", error_kind)):
             if val is not None and not isinstance(val, str):
                 raise InvalidInput(f"{name}: expected a string, got {type(val).__name__}")
+            check_readable(name, val)  # a lone surrogate would not read back
         outcome = AttemptOutcome(st.value)
         if st is RolloutStatus.FAILED and error_kind == "timeout":
             outcome = AttemptOutcome.TIMEOUT
@@ -575,6 +577,7 @@ class StoreEngine(abc.ABC):
     def publish_resources(self, resources: Resources) -> Resources:
         if not isinstance(resources, Resources):
             raise InvalidInput(f"resources: expected Resources, got {type(resources).__name__}")
+        check_readable("resources", resources)  # NaN sampling would be stored as null
         with self._lock:
             self._check_open()
             new = resources.model_copy(update={"version": self._resources.version + 1})

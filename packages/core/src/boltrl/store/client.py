@@ -209,6 +209,9 @@ class HttpStore:
         error_kind: str | None = None,
         retryable: bool = False,
     ) -> Rollout:
+        for name, val in (("error", error), ("error_kind", error_kind)):
+            if isinstance(val, str):
+                check_readable(name, val)  # a lone surrogate cannot be sent as UTF-8
         req = w.FinishRequest(
             attempt=_bare(attempt),
             status=status,
@@ -260,6 +263,7 @@ class HttpStore:
     def publish_resources(self, resources: Resources) -> Resources:
         if not isinstance(resources, Resources):
             raise InvalidInput(f"resources: expected Resources, got {type(resources).__name__}")
+        check_readable("resources", resources)  # JSON would carry a NaN as null
         body = self._request(
             "POST", "/resources", body=resources.model_dump_json().encode(), once=True
         )
