@@ -116,6 +116,7 @@ def main() -> int:
     ap.add_argument("--val", type=int, default=64, help="validation tasks (0: none)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--convert", action="store_true", help="also measure the GGUF conversion")
+    ap.add_argument("--convert-only", action="store_true", help="only the GGUF conversion")
     ap.add_argument("--json", type=Path, help="write the rows to this file")
     args = ap.parse_args()
 
@@ -126,9 +127,11 @@ def main() -> int:
 
     rows: list[dict[str, Any]] = []
     load0 = os.getloadavg()
-    if args.convert:
+    if args.convert or args.convert_only:
         rows.append(convert_peak())
         print(f"  {rows[-1]}", flush=True)
+        if args.convert_only:
+            return 0
     phases = Phases()
     phases.wrap(backends.TorchBackend, "build", lambda *a, **k: "load")
     phases.wrap(

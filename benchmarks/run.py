@@ -313,7 +313,10 @@ def main() -> int:
         "trl_sizes": trl_sizes.describe(),
     }
     cmd = (
-        "benchmarks/run.py" + (" --peer" if args.peer else "") + (" --quick" if args.quick else "")
+        "benchmarks/run.py"
+        + (" --peer" if args.peer else "")
+        + (" --quick" if args.quick else "")
+        + (f" --rounds {args.rounds}" if args.rounds else "")
     )
     write = args.readme or (args.readme is None and args.peer and not args.quick)
     if rows:
