@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from boltrl.errors import InvalidInput
 from boltrl.records import Transition
 from boltrl_trainer.batching import pack_microbatches, token_logprobs
+from boltrl_trainer.update import save_trainable
 
 if TYPE_CHECKING:
     import torch
@@ -203,14 +204,4 @@ class SFTBackend:
 
     def save(self, path: Path) -> None:
         """Trainable weights (safetensors) and optimizer state: the RL checkpoint format."""
-        import torch
-        from safetensors.torch import save_file
-
-        path.mkdir(parents=True, exist_ok=True)
-        trainable = {
-            n: p.detach().cpu().contiguous()
-            for n, p in self.model.named_parameters()
-            if p.requires_grad
-        }
-        save_file(trainable, str(path / "trainable.safetensors"))
-        torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
+        save_trainable(self.model, self.optimizer, path)

@@ -182,17 +182,7 @@ class TorchTrainingBackend:
 
     def save(self, path: Path) -> None:
         """Trainable weights (safetensors) and optimizer state into ``path``."""
-        import torch
-        from safetensors.torch import save_file
-
-        path.mkdir(parents=True, exist_ok=True)
-        trainable = {
-            n: p.detach().cpu().contiguous()
-            for n, p in self.model.named_parameters()
-            if p.requires_grad
-        }
-        save_file(trainable, str(path / "trainable.safetensors"))
-        torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
+        save_trainable(self.model, self.optimizer, path)
 
     def load(self, path: Path, *, policy_version: int) -> None:
         """Restore ``save``'s weights and optimizer state; report ``policy_version``."""
@@ -205,6 +195,20 @@ class TorchTrainingBackend:
 
     def close(self) -> None:
         """Nothing to release: the model belongs to its server too."""
+
+
+def save_trainable(model: Any, optimizer: Any, path: Path) -> None:
+    """The checkpoint format RL and the warm start share: the trainable weights
+    (``trainable.safetensors``) and the optimizer state (``optimizer.pt``) in ``path``."""
+    import torch
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    trainable = {
+        n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad
+    }
+    save_file(trainable, str(path / "trainable.safetensors"))
+    torch.save(optimizer.state_dict(), path / "optimizer.pt")
 
 
 def load_trainable(model: Any, path: Path) -> None:
