@@ -29,7 +29,11 @@ Loss. PPO's clipped surrogate per action token with ``ratio = exp(logp_new - log
 where ``logp_old`` are the logprobs the gateway recorded at sampling time, plus an
 optional ``kl_coef * KL(new || ref)`` with the k3 estimator. Token losses are masked by
 ``action_mask`` and averaged per rollout, then over rollouts, so a long episode counts
-as much as a short one.
+as much as a short one. For samples an older policy drew (async training), the loss is
+decoupled PPO: the ratio is taken against the proximal policy (``prox_logprobs``) and
+each token's surrogate is weighted by ``min(pi_prox / pi_behaviour, is_cap)``; without
+``prox_logprobs`` (every sample fresh) it is exactly the loss above
+(``boltrl_trainer.offpolicy`` says why).
 
 Torch is imported inside the functions so that importing the configs stays cheap.
 """
@@ -82,6 +86,10 @@ class _PolicyConfig:
     not dominate); ``token``: every trained token of the batch weighs the same."""
     skip_zero_variance: bool = True
     """Skip (and count) groups whose rollouts all have the same return."""
+    is_cap: float = 2.0
+    """Truncation of the behaviour importance weight ``pi_prox / pi_behaviour`` for
+    samples of older policy versions (async training); >= 1. Fresh samples never use it
+    (see ``boltrl_trainer.offpolicy``)."""
 
     name = "policy"  # prefix of error messages, e.g. ``grpo.kl_coef``
 
@@ -112,6 +120,8 @@ class _PolicyConfig:
             raise self._fail("loss_normalization", "must be 'rollout' or 'token'", "use 'rollout'")
         if not isinstance(self.skip_zero_variance, bool):
             raise self._fail("skip_zero_variance", "must be true or false", "use true")
+        if self._number("is_cap") < 1.0:
+            raise self._fail("is_cap", "must be >= 1", "2.0 is the usual value")
 
 
 @dataclass
@@ -396,6 +406,7 @@ def policy_loss(
     *,
     rollout_tokens: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
+    prox_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clipped policy-gradient loss (+ k3 KL to the reference) and its metrics.
 
@@ -407,11 +418,22 @@ def policy_loss(
     old vs new), ``logprob_mismatch`` (mean ``|new - old|``: on the first update of a
     batch, the gap between the gateway's and the trainer's logprobs), ``ratio_max``,
     ``kl_ref`` and ``entropy`` when given, ``tokens``.
+
+    ``prox_logprobs`` (``[B, L]``, no grad): the proximal policy's logprobs for samples
+    of older versions; the ratio is then ``new / prox`` and each token's clipped term is
+    weighted by ``min(exp(prox - old), cfg.is_cap)`` (``offpolicy.behaviour_weights``;
+    metrics add ``is_weight_mean|std|max`` and ``truncated_frac``). None: the on-policy
+    loss, untouched.
     """
     import torch
 
     cfg.validate()
     _check_shapes(new_logprobs, old_logprobs, advantages, mask, rollout_index, ref_logprobs)
+    if prox_logprobs is not None and prox_logprobs.shape != new_logprobs.shape:
+        raise InvalidInput(
+            f"prox_logprobs: shape {tuple(prox_logprobs.shape)} != new_logprobs "
+            f"{tuple(new_logprobs.shape)}"
+        )
     if cfg.kl_coef > 0 and ref_logprobs is None:
         raise InvalidInput(
             f"ref_logprobs: {cfg.name}.kl_coef={cfg.kl_coef} needs the reference policy's "
@@ -420,11 +442,19 @@ def policy_loss(
     trained = mask.bool()
     adv = advantages[:, None] if advantages.dim() == 1 else advantages
     # Untrained positions (padding, observation tokens) are zeroed before exp: no inf/nan.
-    logratio = torch.where(trained, new_logprobs - old_logprobs, 0.0)
+    anchor = old_logprobs if prox_logprobs is None else prox_logprobs.detach()
+    logratio = torch.where(trained, new_logprobs - anchor, 0.0)
     ratio = torch.exp(logratio)
     surrogate = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high)
     per_token = torch.maximum(surrogate, clipped)
+    is_metrics: dict[str, float] = {}
+    if prox_logprobs is not None:
+        from boltrl_trainer.offpolicy import behaviour_weights
+
+        bw = behaviour_weights(prox_logprobs, old_logprobs, mask, cfg.is_cap)
+        per_token = per_token * bw.weights
+        is_metrics = bw.metrics
     kl_ref = None
     if ref_logprobs is not None and cfg.kl_coef > 0:
         d = torch.where(trained, ref_logprobs - new_logprobs, 0.0)
@@ -434,7 +464,7 @@ def policy_loss(
     loss = (per_token * w).sum()
     with torch.no_grad():
         metrics = _loss_metrics(trained, logratio, surrogate, clipped, kl_ref, entropy)
-    return loss, metrics
+    return loss, {**metrics, **is_metrics}
 
 
 def _loss_metrics(

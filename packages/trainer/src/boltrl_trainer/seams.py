@@ -8,6 +8,9 @@
 - ``BackendKind``: one entry of the registry in ``boltrl_trainer.backends``: checks a
   config and builds the pair.
 - ``weight_swap``: how new weights reach a live server, written once.
+- ``CandidateTrainer`` + ``promote_swap``: a training backend that trains its own copy
+  of the weights while the server keeps generating from the served ones; the pause is
+  only for copying them in (async training, online learning's candidate + gate).
 
 Everything here is light (no torch): the registry, the loop and ``boltrl eval`` import it.
 """
@@ -26,7 +29,15 @@ from boltrl.gateway.backend import Backend
 from boltrl.records import Transition
 from boltrl_trainer.config import TrainConfig
 
-__all__ = ["BackendKind", "PolicyServer", "TrainBatch", "TrainingBackend", "weight_swap"]
+__all__ = [
+    "BackendKind",
+    "CandidateTrainer",
+    "PolicyServer",
+    "TrainBatch",
+    "TrainingBackend",
+    "promote_swap",
+    "weight_swap",
+]
 
 
 @dataclass
@@ -36,7 +47,9 @@ class TrainBatch:
     transitions: list[Transition]
     advantages: list[float]
     policy_version: int
-    """Version of the weights that sampled these transitions."""
+    """The trainer's version when the batch was made; each transition carries the version
+    that sampled it (equal in the synchronous loop, up to ``max_staleness`` older in the
+    async one)."""
     temperature: float
     """Sampling temperature: recomputed logprobs use it, to compare like with like."""
     groups: list[str] = field(default_factory=list)
@@ -114,6 +127,29 @@ class TrainingBackend(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class CandidateTrainer(TrainingBackend, Protocol):
+    """A ``TrainingBackend`` whose ``update`` trains a copy of the weights (a candidate)
+    and leaves the served ones alone, so generation goes on during the update.
+
+    Promises, beyond ``TrainingBackend``'s (whose ``update`` no longer needs a pause):
+
+    - ``promote()`` copies the candidate into the served weights and returns its version;
+      the caller holds the server's ``paused()`` (``promote_swap`` does it all).
+    - ``served_version`` is the version of the weights being served.
+    - ``reset()`` discards the candidate: weights, version and optimizer state return to
+      those of the last promotion; the served weights are not touched. Raises
+      ``RuntimeError`` when the backend was not made resettable.
+    """
+
+    @property
+    def served_version(self) -> int: ...
+
+    def promote(self) -> int: ...
+
+    def reset(self) -> None: ...
+
+
 class BackendKind(Protocol):
     """One entry of the backend registry (``torch``, ``verl``).
 
@@ -149,3 +185,12 @@ def weight_swap(server: PolicyServer, trainer: TrainingBackend) -> Iterator[None
     with server.paused():
         yield
         server.set_policy_version(trainer.policy_version)
+
+
+def promote_swap(server: PolicyServer, trainer: CandidateTrainer) -> int:
+    """Serve a candidate: pause (calls in flight finish on the old version and are
+    labelled so), copy the trained weights in, serve their version, resume. Returns it."""
+    with server.paused():
+        version = trainer.promote()
+        server.set_policy_version(version)
+    return version

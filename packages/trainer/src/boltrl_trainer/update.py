@@ -1,12 +1,29 @@
 """The torch training backend: a batch of transitions with advantages → new weights.
 
 ``TorchTrainingBackend`` implements ``boltrl_trainer.seams.TrainingBackend`` on an
-in-process model (CPU or one GPU), the same object its ``TransformersBackend`` serves.
-Everything before it (rollouts, credit assignment, advantages) is shared by all backends.
+in-process model (CPU or one GPU). By default it trains the very object its
+``TransformersBackend`` serves, in place, inside ``seams.weight_swap`` (generation
+paused for the whole update): the synchronous loop, no copy. ``use_separate_copy()``
+switches it to train a copy of the trainable weights while generation goes on from the
+served ones (``seams.CandidateTrainer``): ``promote()`` copies them into the served model
+under ``paused()`` (``seams.promote_swap``), ``reset()`` throws a candidate away. That is
+what async training and online learning use. The copy shares every frozen weight with
+the served model (read-only on both sides), so with LoRA it costs the adapters (a few MB
+on SmolLM2) and with a full fine-tune one more copy of the model's weights (540 MB for
+SmolLM2-135M in float32), on top of AdamW's two moments that either mode holds.
+
+Samples of older policy versions (``Transition.policy_version`` below the backend's
+version) are trained with decoupled PPO (``boltrl_trainer.offpolicy``): the proximal
+logprobs are recomputed without grad at the start of the update, only for micro-batches
+that hold a stale sample, and only its stale rows use them; fresh rows use the recorded
+behaviour logprobs, so an all-fresh batch costs and computes exactly what it always did.
+Everything before the update (rollouts, credit assignment, advantages) is shared by all
+backends.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Sequence
@@ -18,6 +35,7 @@ from boltrl.records import Transition
 from boltrl_trainer.algorithms import AlgorithmConfig, policy_loss
 from boltrl_trainer.batching import index_rollouts, pack_microbatches, token_logprobs
 from boltrl_trainer.config import OptimConfig
+from boltrl_trainer.offpolicy import staleness_of
 from boltrl_trainer.seams import TrainBatch
 
 if TYPE_CHECKING:
@@ -25,14 +43,25 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TorchTrainingBackend", "load_trainable"]
+__all__ = ["TorchTrainingBackend", "load_trainable", "save_trainable", "training_copy"]
+
+_IS_KEYS = ("is_weight_mean", "is_weight_std", "is_weight_max", "truncated_frac")
+
+
+def training_copy(model: Any) -> Any:
+    """A copy of ``model`` whose trainable parameters are its own and whose frozen ones
+    are ``model``'s very tensors (shared, never written by training)."""
+    memo: dict[int, Any] = {id(p): p for p in model.parameters() if not p.requires_grad}
+    return copy.deepcopy(model, memo)
 
 
 class TorchTrainingBackend:
     """Updates an in-process model with AdamW, micro-batched by token budget.
 
-    The model object is shared with the ``TransformersBackend`` that serves it; the
-    caller runs ``update`` and ``load`` inside ``seams.weight_swap``. Not thread-safe.
+    Shared mode (the default): ``model`` is the object the ``TransformersBackend``
+    serves and the caller runs ``update`` and ``load`` inside ``seams.weight_swap``.
+    After ``use_separate_copy()`` it is a ``seams.CandidateTrainer`` (module docstring).
+    Not thread-safe: one caller.
     """
 
     def __init__(
@@ -47,10 +76,15 @@ class TorchTrainingBackend:
         import torch
 
         self.model = model
+        self.served = model
+        """The model the paired server serves (``model`` itself in shared mode)."""
         self.algo = algo
         self.optim_cfg = optim
         self.pad_id = pad_id
         self._version = version
+        self._served_version = version
+        self._resettable = False
+        self._snapshot: dict[str, Any] | None = None
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no trainable parameters")
@@ -63,7 +97,69 @@ class TorchTrainingBackend:
 
     @property
     def policy_version(self) -> int:
+        """Updates applied to the weights this backend trains (the candidate's version
+        in separate mode)."""
         return self._version
+
+    # -- a separate training copy (async training, online learning) ------------------
+
+    @property
+    def separate(self) -> bool:
+        """True after ``use_separate_copy()``: updates leave the served weights alone."""
+        return self.model is not self.served
+
+    @property
+    def served_version(self) -> int:
+        """The version of the weights the server serves (last ``promote``/``load``)."""
+        return self._served_version if self.separate else self._version
+
+    def use_separate_copy(self, *, resettable: bool = False) -> None:
+        """From now on train a copy of the served model's trainable weights (its current
+        values, and the optimizer state so far); ``promote`` publishes them.
+
+        Call it when the served weights are final for the start (after resume, ``init_from``
+        and a warm start). ``resettable`` keeps a copy of the optimizer state at every
+        promotion so ``reset`` can restore it (AdamW's two moments again: small for LoRA).
+        Idempotent for the copy; ``resettable`` can only be turned on.
+        """
+        import torch
+
+        self._resettable = self._resettable or resettable
+        if not self.separate:
+            state = self.optimizer.state_dict()
+            self.model = training_copy(self.served)
+            self.model.train(False)
+            self.params = [p for p in self.model.parameters() if p.requires_grad]
+            cfg = self.optim_cfg
+            self.optimizer = torch.optim.AdamW(
+                self.params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+            )
+            self.optimizer.load_state_dict(state)
+            self._served_version = self._version
+        if self._resettable and self._snapshot is None:
+            self._snapshot = copy.deepcopy(self.optimizer.state_dict())
+
+    def promote(self) -> int:
+        """Serve the trained weights: copy them into the served model and return their
+        version (which the caller then serves: ``seams.promote_swap`` runs both inside the
+        server's ``paused()``, as it must: the served weights change). Shared mode: the
+        weights are served already; returns the version."""
+        if self.separate:
+            _copy_trainable(self.model, self.served)
+            self._served_version = self._version
+            if self._resettable:
+                self._snapshot = copy.deepcopy(self.optimizer.state_dict())
+        return self._version
+
+    def reset(self) -> None:
+        """Discard the candidate: the trained weights, the version and the optimizer state
+        go back to those of the last promotion (the served weights). Needs
+        ``use_separate_copy(resettable=True)``; the server is not touched (no pause)."""
+        if not (self.separate and self._resettable and self._snapshot is not None):
+            raise RuntimeError("reset: call use_separate_copy(resettable=True) first")
+        _copy_trainable(self.served, self.model)
+        self.optimizer.load_state_dict(copy.deepcopy(self._snapshot))
+        self._version = self._served_version
 
     def _tensors(self, items: Sequence[Transition], advantages: Sequence[float]) -> dict[str, Any]:
         """Right-padded ``[B, S]`` inputs and ``[B, A]`` action-aligned tensors."""
@@ -131,14 +227,25 @@ class TorchTrainingBackend:
         rows, tokens = index_rollouts(items)
         rollout_tokens = torch.tensor(tokens, dtype=torch.float32, device=self.device)
         micro = pack_microbatches(items, self.optim_cfg.token_budget)
+        stale = [staleness_of(t, self._version) > 0 for t in items]
+        prox_cache: dict[int, torch.Tensor] = {}  # computed in epoch 0: the proximal weights
+        is_sums = dict.fromkeys(("n", "w", "w2", "max", "trunc"), 0.0)
+        t_prox = 0.0
         self.model.train()
         sums: dict[str, float] = {}
         weight_total = 0.0
         grad_norm = 0.0
-        for _ in range(self.optim_cfg.epochs):
+        for epoch in range(self.optim_cfg.epochs):
             self.optimizer.zero_grad(set_to_none=True)
-            for mb in micro:
+            for j, mb in enumerate(micro):
                 x = self._tensors([items[i] for i in mb], [batch.advantages[i] for i in mb])
+                prox = None
+                if any(stale[i] for i in mb):
+                    if j not in prox_cache:
+                        t1 = time.perf_counter()
+                        prox_cache[j] = self._proximal(x, [stale[i] for i in mb], batch)
+                        t_prox += time.perf_counter() - t1
+                    prox = prox_cache[j]
                 new = self._logprobs(x, batch.temperature)
                 ref = None
                 if self._use_ref:
@@ -154,9 +261,14 @@ class TorchTrainingBackend:
                     self.algo,
                     ref,
                     rollout_tokens=rollout_tokens,
+                    prox_logprobs=prox,
                 )
                 loss.backward()  # type: ignore[no-untyped-call]
                 w = m.get("tokens", 0.0)
+                if prox is not None:
+                    is_m = {k: m.pop(k) for k in _IS_KEYS}
+                    if epoch == 0:  # the weights do not depend on theta: count them once
+                        _add_is(is_sums, is_m, w)
                 weight_total += w
                 sums["loss"] = sums.get("loss", 0.0) + float(loss.item())
                 for k, v in m.items():
@@ -175,8 +287,27 @@ class TorchTrainingBackend:
         metrics["update/grad_norm"] = grad_norm
         metrics["update/microbatches"] = float(len(micro))
         metrics["update/tokens"] = weight_total / self.optim_cfg.epochs
+        metrics["offpolicy/stale_frac"] = sum(stale) / len(stale)
+        if is_sums["n"] > 0:
+            metrics.update(_is_metrics(is_sums))
+            metrics["time/proximal_s"] = t_prox
         metrics["time/update_s"] = time.perf_counter() - t0
         return metrics
+
+    def _proximal(self, x: dict[str, Any], stale: list[bool], batch: TrainBatch) -> torch.Tensor:
+        """``[B, A]`` proximal logprobs: recomputed (no grad, the weights before this
+        update) for stale rows, the recorded behaviour ones for fresh rows."""
+        import torch
+
+        was_training = self.model.training
+        self.model.train(False)  # the policy as it samples, without dropout noise
+        try:
+            with torch.no_grad():
+                recomputed = self._logprobs(x, batch.temperature)
+        finally:
+            self.model.train(was_training)
+        rows = torch.tensor(stale, dtype=torch.bool, device=self.device)[:, None]
+        return torch.where(rows, recomputed, x["old"])
 
     # -- checkpoints ----------------------------------------------------------------
 
@@ -192,9 +323,46 @@ class TorchTrainingBackend:
         opt = torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(opt)
         self._version = int(policy_version)
+        if self.separate:  # the caller holds the pause (weight_swap): serve them too
+            _copy_trainable(self.model, self.served)
+            self._served_version = self._version
+            if self._resettable:
+                self._snapshot = copy.deepcopy(self.optimizer.state_dict())
 
     def close(self) -> None:
         """Nothing to release: the model belongs to its server too."""
+
+
+def _copy_trainable(src: Any, dst: Any) -> None:
+    """``dst``'s trainable parameters := ``src``'s (same architecture and names)."""
+    import torch
+
+    named = dict(dst.named_parameters())
+    with torch.no_grad():
+        for name, p in src.named_parameters():
+            if p.requires_grad:
+                named[name].copy_(p)
+
+
+def _add_is(sums: dict[str, float], m: dict[str, float], n: float) -> None:
+    """Accumulate one micro-batch's weight statistics over its ``n`` trained tokens."""
+    mean, std = m["is_weight_mean"], m["is_weight_std"]
+    sums["n"] += n
+    sums["w"] += mean * n
+    sums["w2"] += (std * std + mean * mean) * n
+    sums["max"] = max(sums["max"], m["is_weight_max"])
+    sums["trunc"] += m["truncated_frac"] * n
+
+
+def _is_metrics(sums: dict[str, float]) -> dict[str, float]:
+    n = sums["n"]
+    mean = sums["w"] / n
+    return {
+        "offpolicy/is_weight_mean": mean,
+        "offpolicy/is_weight_std": max(sums["w2"] / n - mean * mean, 0.0) ** 0.5,
+        "offpolicy/is_weight_max": sums["max"],
+        "offpolicy/truncated_frac": sums["trunc"] / n,
+    }
 
 
 def save_trainable(model: Any, optimizer: Any, path: Path) -> None:
