@@ -49,6 +49,21 @@ class StaleAttempt(Conflict):
     code = "stale_attempt"
 
 
+class SessionClosed(Conflict):
+    """The session already ended (its feedback arrived, or it was cancelled): no more
+    calls or feedback are taken for it."""
+
+    code = "session_closed"
+
+
+class SessionExpired(BoltrlError):
+    """The session's feedback deadline passed before any feedback arrived: it was closed
+    as expired (never trained on), and feedback for it is refused."""
+
+    status_code = 410
+    code = "session_expired"
+
+
 class BackendError(BoltrlError):
     """The model backend failed to serve a call."""
 
@@ -79,6 +94,8 @@ ERRORS_BY_CODE: dict[str, type[BoltrlError]] = {
         NotFound,
         Conflict,
         StaleAttempt,
+        SessionClosed,
+        SessionExpired,
         BackendError,
         BackendUnavailable,
         StoreUnavailable,

@@ -5,7 +5,9 @@ OpenAI ``base_url`` (``Attempt.route``: the attempt's lease token fences it); ea
 served by a ``Backend`` and filed as an ``LLMCall`` (prompt and response token ids,
 logprobs, policy version, template hash) under that attempt before the agent sees the
 answer, or refused (409) when the attempt is no longer the rollout's current one. ``/v1``
-without a rollout serves calls that are not recorded.
+without a rollout serves calls that are not recorded. A gateway made with ``sessions=``
+also records deployed agents' conversations (``/sessions/{id}/v1``) and takes their
+feedback later (``gateway.sessions``).
 
 Names are imported lazily: backends import ``boltrl.gateway.backend`` without paying
 for the web stack.
@@ -21,6 +23,7 @@ _EXPORTS = {
     "Generation": "boltrl.gateway.backend",
     "GenerationRequest": "boltrl.gateway.backend",
     "Gateway": "boltrl.gateway.server",
+    "SessionConfig": "boltrl.gateway.sessions",
     "create_gateway_app": "boltrl.gateway.app",
     "UpstreamBackend": "boltrl.gateway.upstream",
 }
@@ -30,6 +33,7 @@ __all__ = [
     "Gateway",
     "Generation",
     "GenerationRequest",
+    "SessionConfig",
     "UpstreamBackend",
     "create_gateway_app",
 ]
@@ -48,4 +52,5 @@ if TYPE_CHECKING:  # pragma: no cover
     from boltrl.gateway.app import create_gateway_app
     from boltrl.gateway.backend import Backend, Generation, GenerationRequest
     from boltrl.gateway.server import Gateway
+    from boltrl.gateway.sessions import SessionConfig
     from boltrl.gateway.upstream import UpstreamBackend

@@ -7,6 +7,11 @@ Routes (each also under ``/v1/...`` without a rollout, served but not recorded):
 - ``GET  .../v1/models`` and ``.../v1/models/{model}``
 - ``GET  /health``
 
+With ``sessions`` (``gateway.sessions``): the same OpenAI routes under
+``/sessions/{session_id}/v1`` (or ``/v1`` with an ``X-Boltrl-Session`` header), recorded
+as the session's rollout without any lease token, and ``POST
+/sessions/{session_id}/feedback``. A training gateway serves no session route.
+
 A recorded route names the attempt and carries its lease token (``Attempt.route``): a
 call of an attempt that is no longer current gets a 409 and is not recorded. The
 tokenless ``/rollouts/{rollout_id}/v1`` still answers 404 for an unknown or finished
@@ -43,7 +48,9 @@ from boltrl.gateway._json import dumps
 from boltrl.gateway._request import ParsedCall, read_body
 from boltrl.gateway.backend import Backend, Generation, stream_of
 from boltrl.gateway.recording import Recorder, check_generation
+from boltrl.gateway.sessions import SessionConfig, Sessions
 from boltrl.records import Attempt
+from boltrl.store._sessions import session_rollout_id
 from boltrl.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -87,24 +94,34 @@ _RESPONSES = _API(
 
 
 class _Handlers:
-    def __init__(self, backend: Backend, store: Store | None) -> None:
+    def __init__(
+        self, backend: Backend, store: Store | None, sessions: SessionConfig | None
+    ) -> None:
         self.backend = backend
         self.recorder = Recorder(store) if store is not None else None
+        self.sessions = Sessions(store, sessions) if sessions is not None else None
 
     async def serve(self, request: Request, api: _API) -> Response:
         """One call: parse → attempt → generate → record → respond."""
         params = request.path_params
         rollout_id: str | None = params.get("rollout_id")
         try:
+            session = Sessions.of(request, self.sessions is not None)
+            if session is not None:
+                rollout_id = session_rollout_id(session)
             call = api.parse(read_body(await request.body()))
             call.request.rollout_id = rollout_id
-            attempt = await self._attempt(rollout_id, params.get("number"), params.get("token"))
+            if session is not None:
+                assert self.sessions is not None
+                attempt: Attempt | None = await self.sessions.attempt(session)
+            else:
+                attempt = await self._attempt(rollout_id, params.get("number"), params.get("token"))
         except BoltrlError as e:
             return _boltrl_error(e)
         call_id = api.prefix + uuid.uuid4().hex
         started = time.time()
         if _live.streams_live(self.backend, call):
-            return await self._serve_live(api, call, call_id, attempt, started)
+            return await self._serve_live(api, call, call_id, attempt, started, session)
         try:
             gen = check_generation(await self.backend.generate(call.request))
         except Exception as e:
@@ -126,6 +143,9 @@ class _Handlers:
                 )
             except BoltrlError as e:
                 return _boltrl_error(e)
+            if session is not None:
+                assert self.sessions is not None
+                await self.sessions.called(session)
         created = int(ended)
         if call.stream:
             body = api.stream(call_id, created, model, gen, call)
@@ -133,7 +153,13 @@ class _Handlers:
         return _json(api.render(call_id, created, model, gen, call))
 
     async def _serve_live(
-        self, api: _API, call: ParsedCall, call_id: str, attempt: Attempt | None, started: float
+        self,
+        api: _API,
+        call: ParsedCall,
+        call_id: str,
+        attempt: Attempt | None,
+        started: float,
+        session: str | None,
     ) -> Response:
         """A streamed call whose text leaves as it is sampled (``gateway._live``)."""
         created, model = int(started), self.backend.model_name
@@ -151,6 +177,8 @@ class _Handlers:
                     started_at=started,
                     ended_at=ended,
                 )
+                if session is not None and self.sessions is not None:
+                    await self.sessions.called(session)
 
         async def failed(e: Exception) -> Response:
             return await self._failed(call_id, attempt, call, e, started)
@@ -216,6 +244,13 @@ class _Handlers:
             )
         return _json(self._model())
 
+    async def feedback(self, request: Request) -> Response:
+        assert self.sessions is not None
+        try:
+            return await self.sessions.feedback(request)
+        except BoltrlError as e:
+            return _boltrl_error(e)
+
     async def health(self, request: Request) -> Response:
         return _json({"status": "ok", "model": self.backend.model_name})
 
@@ -243,6 +278,7 @@ def create_gateway_app(
     token: str | None = None,
     allowed_hosts: Collection[str] | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    sessions: SessionConfig | None = None,
 ) -> FastAPI:
     """The gateway as an ASGI app (mount it anywhere; ``Gateway`` serves it standalone).
 
@@ -257,16 +293,24 @@ def create_gateway_app(
     called; a backend answer a record cannot hold (a NaN or -inf logprob) fails the call
     with a 502, recorded ``failed``. Neither the backend nor the store is closed by the
     app.
+
+    ``sessions``, when set, adds the session routes (``gateway.sessions``); the store must
+    then keep sessions (``SessionStore``: memory, SQLite, HTTP), else ``InvalidInput``.
+    Without it a call naming a session (the ``X-Boltrl-Session`` header) gets a 400.
     """
     check_token("token", token)  # at once: middleware is built on the first request
-    h = _Handlers(backend, store)
+    h = _Handlers(backend, store, sessions)
     app = FastAPI(title="boltrl gateway", openapi_url=None, docs_url=None, redoc_url=None)
     app.add_exception_handler(HTTPException, _http_error)
-    for prefix in (
+    prefixes = [
         "/rollouts/{rollout_id}/attempts/{number:int}/{token}/v1",
         "/rollouts/{rollout_id}/v1",
         "/v1",
-    ):
+    ]
+    if sessions is not None:
+        prefixes.append("/sessions/{session_id}/v1")
+        app.add_route("/sessions/{session_id}/feedback", h.feedback, methods=["POST"])
+    for prefix in prefixes:
         app.add_route(f"{prefix}/chat/completions", h.chat, methods=["POST"])
         app.add_route(f"{prefix}/responses", h.responses, methods=["POST"])
         app.add_route(f"{prefix}/models", h.models, methods=["GET"])
@@ -283,4 +327,5 @@ def create_gateway_app(
     )
     app.state.backend = backend
     app.state.store = store
+    app.state.sessions_store = h.sessions.store if h.sessions is not None else None
     return app

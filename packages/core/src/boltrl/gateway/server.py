@@ -9,7 +9,9 @@ from types import TracebackType
 from boltrl._serving import MAX_BODY_BYTES, ServerThread, bind, check_exposure, local_hosts
 from boltrl.gateway.app import create_gateway_app
 from boltrl.gateway.backend import Backend
+from boltrl.gateway.sessions import SessionConfig, Sweeper
 from boltrl.records import Attempt
+from boltrl.store._sessions import check_session_id
 from boltrl.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -27,6 +29,11 @@ class Gateway:
     ``InvalidInput`` (a ``ValueError``) otherwise. Without a token only requests whose
     ``Host`` is loopback's or the bound address are served (a web page whose name was
     rebound to 127.0.0.1 is not); ``allowed_hosts`` replaces that list.
+
+    ``sessions`` serves deployed agents' sessions too (``gateway.sessions``: the agent's
+    base URL is ``session_url(id)``, feedback goes to ``POST /sessions/{id}/feedback``);
+    while serving, a sweeper thread closes sessions past their feedback deadline every
+    ``sessions.sweep_interval_s``.
     """
 
     def __init__(
@@ -40,6 +47,7 @@ class Gateway:
         allowed_hosts: Collection[str] | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
         log_level: str = "warning",
+        sessions: SessionConfig | None = None,
     ) -> None:
         check_exposure(host, token)
         if allowed_hosts is None and token is None:
@@ -49,8 +57,19 @@ class Gateway:
         self.host = host
         self.port = port
         self.token = token
+        self.sessions = sessions
         self.app = create_gateway_app(
-            backend, store, token=token, allowed_hosts=allowed_hosts, max_body_bytes=max_body_bytes
+            backend,
+            store,
+            token=token,
+            allowed_hosts=allowed_hosts,
+            max_body_bytes=max_body_bytes,
+            sessions=sessions,
+        )
+        self._sweeper = (
+            Sweeper(self.app.state.sessions_store, sessions.sweep_interval_s)
+            if sessions is not None
+            else None
         )
         self._log_level = log_level
         self._server: ServerThread | None = None
@@ -70,6 +89,11 @@ class Gateway:
             return f"{self.url}{attempt.route}/v1"
         return f"{self.url}/rollouts/{attempt}/v1"
 
+    def session_url(self, session_id: str) -> str:
+        """The OpenAI ``base_url`` of one session's recorded calls:
+        ``{url}/sessions/{session_id}/v1`` (InvalidInput for a malformed id)."""
+        return f"{self.url}/sessions/{check_session_id(session_id)}/v1"
+
     def start(self, timeout_s: float = 10.0) -> Gateway:
         """Start serving; returns when connections are accepted. Raises if it cannot."""
         if self._server is not None:
@@ -79,12 +103,16 @@ class Gateway:
         server = ServerThread(self.app, sock, name="boltrl-gateway", log_level=self._log_level)
         server.start(timeout_s)
         self._server = server
+        if self._sweeper is not None:
+            self._sweeper.start()
         log.info("boltrl gateway serving on %s", self.url)
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop serving and wait for the server thread. Idempotent."""
         server, self._server = self._server, None
+        if self._sweeper is not None:
+            self._sweeper.stop()
         if server is not None:
             server.stop(timeout_s)
 

@@ -12,20 +12,33 @@ import urllib.parse
 
 from boltrl.errors import InvalidInput
 from boltrl.store._engine import StoreEngine, WorkerInfo
-from boltrl.store.base import DEFAULT_LEASE_S, Store
+from boltrl.store._sessions import SessionState, session_rollout_id, session_state
+from boltrl.store.base import (
+    DEFAULT_FEEDBACK_TIMEOUT_S,
+    DEFAULT_LEASE_S,
+    SessionPage,
+    SessionStore,
+    Store,
+)
 from boltrl.store.client import HttpStore
 from boltrl.store.memory import MemoryStore
 from boltrl.store.sqlite import SqliteStore
 
 __all__ = [
+    "DEFAULT_FEEDBACK_TIMEOUT_S",
     "DEFAULT_LEASE_S",
     "HttpStore",
     "MemoryStore",
+    "SessionPage",
+    "SessionState",
+    "SessionStore",
     "SqliteStore",
     "Store",
     "StoreEngine",
     "WorkerInfo",
     "open_store",
+    "session_rollout_id",
+    "session_state",
 ]
 
 _FORMS = "memory://, sqlite:///relative/path.db, sqlite:////absolute/path.db or http://host:port"

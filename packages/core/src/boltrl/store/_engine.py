@@ -267,18 +267,24 @@ class StoreEngine(abc.ABC):
             if att.outcome is not AttemptOutcome.RUNNING or att.lease_expires_at > now:
                 continue  # finished, or a heartbeat pushed a later entry
             try:
-                self._end_attempt(
-                    head,
-                    now,
-                    RolloutStatus.FAILED,
-                    AttemptOutcome.LEASE_EXPIRED,
-                    error=f"lease of worker {att.worker_id!r} expired without a heartbeat",
-                    error_kind="lease_expired",
-                    retryable=True,
-                )
+                self._lease_expired(head, now)
             except BaseException:
                 heapq.heappush(self._leases, entry)
                 raise
+
+    def _lease_expired(self, head: Rollout, now: float) -> None:
+        """End ``head``'s running attempt whose lease passed: a retry while attempts
+        remain (a subclass may end other kinds of rollout otherwise)."""
+        att = head.attempts[-1]
+        self._end_attempt(
+            head,
+            now,
+            RolloutStatus.FAILED,
+            AttemptOutcome.LEASE_EXPIRED,
+            error=f"lease of worker {att.worker_id!r} expired without a heartbeat",
+            error_kind="lease_expired",
+            retryable=True,
+        )
 
     def _wait_timeout(self, remaining: float, now: float) -> float:
         """How long a blocked caller may sleep: until its deadline or the next expiry."""

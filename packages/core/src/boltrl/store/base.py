@@ -5,9 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from boltrl.records import AnyRecord, Attempt, Resources, Rollout, RolloutStatus, Task
+from pydantic import BaseModel, ConfigDict
+
+from boltrl.records import JSON, AnyRecord, Attempt, Resources, Rollout, RolloutStatus, Task
 
 DEFAULT_LEASE_S = 30.0
+DEFAULT_FEEDBACK_TIMEOUT_S = 3600.0
+"""How long a session waits for feedback after its last call, unless told otherwise."""
 
 
 @runtime_checkable
@@ -142,4 +146,74 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Release connections and threads. Idempotent."""
+        ...
+
+
+class SessionPage(BaseModel):
+    """One page of rewarded sessions (``SessionStore.rewarded_sessions``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rollouts: list[Rollout]
+    """The sessions' rollouts, with all their records, in the order their feedback
+    arrived."""
+    cursor: int
+    """Pass as ``after`` to get the sessions rewarded after these (the ``seq`` of the last
+    one's feedback ``RewardEvent``; the ``after`` given when the page is empty)."""
+
+
+@runtime_checkable
+class SessionStore(Protocol):
+    """Sessions: a deployed agent's conversations, each recorded as one rollout that stays
+    open until its feedback arrives (or its deadline passes).
+
+    A session is not queued and not claimed: its first model call creates its rollout,
+    already ``running`` under one attempt (worker ``session``), id
+    ``session_rollout_id(session_id)``, task ``{"session": id}`` with
+    ``metadata["source"] == "live"``. Every call moves its deadline to
+    ``feedback_timeout_s`` after the call (the attempt's ``lease_expires_at`` is the
+    deadline). Then exactly one of:
+
+    - **feedback** (``feedback``): the reward is stored as a final ``RewardEvent``
+      (id ``feedback``, its ``name``) and as the rollout's ``reward``, and the rollout
+      ``succeeded`` — in one commit. ``boltrl.scoring`` and credit assignment read it as
+      the session's return; ``rewarded_sessions`` lists it.
+    - **expiry**: no feedback by the deadline. The rollout is ``cancelled`` with
+      ``error_kind == "no_feedback"`` on its attempt (outcome ``timeout``) and no reward:
+      it has no score (not 0), and is never listed for training. Expiry is enforced
+      lazily by every store call that reads or writes (so a late feedback is refused even
+      if no sweep ran) and by ``expire_sessions``, which a server calls periodically.
+
+    The promises of ``Store`` hold (thread-safe, durable once returned, bad input changes
+    nothing, errors name the problem); a persistent store keeps open sessions and their
+    deadlines across a restart. Errors: a malformed session id or reward →
+    ``InvalidInput``; an unknown session → ``NotFound``; a session that already ended →
+    ``SessionClosed`` (409); one that expired → ``SessionExpired`` (410).
+    """
+
+    def touch_session(
+        self,
+        session_id: str,
+        *,
+        feedback_timeout_s: float = DEFAULT_FEEDBACK_TIMEOUT_S,
+        metadata: JSON | None = None,
+    ) -> Attempt:
+        """The running attempt of the session, created on first use (with ``metadata``
+        in its task's metadata) and its deadline moved to ``feedback_timeout_s`` from
+        now. The answer carries the attempt's lease token: record the session's calls
+        with it (``record``). For the gateway, which holds the only session tokens."""
+        ...
+
+    def feedback(self, session_id: str, reward: float, *, name: str | None = None) -> Rollout:
+        """Reward the session and close it (``succeeded``); returns the rollout with its
+        records. ``name`` defaults to ``feedback``."""
+        ...
+
+    def rewarded_sessions(self, *, after: int = 0, limit: int = 100) -> SessionPage:
+        """Sessions whose feedback arrived after cursor ``after``, oldest first, at most
+        ``limit``, each with all its records (what a learner trains on)."""
+        ...
+
+    def expire_sessions(self) -> int:
+        """Close every open session past its deadline now; returns how many it closed."""
         ...

@@ -3,11 +3,13 @@ runs where losing everything at exit is fine."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections import Counter, OrderedDict
 
-from boltrl.records import AnyRecord, Resources, Rollout, RolloutStatus
-from boltrl.store._engine import Once, StoreEngine
+from boltrl.records import AnyRecord, Resources, RewardEvent, Rollout, RolloutStatus
+from boltrl.store._engine import Once
+from boltrl.store._sessions import SessionEngine
 
 _SHARED_FIELD_SETS: dict[frozenset[str], set[str]] = {}
 _MAX_SHARED = 256
@@ -38,8 +40,8 @@ def _stored(record: AnyRecord, seq: int) -> AnyRecord:
     return copy
 
 
-class MemoryStore(StoreEngine):
-    """A ``Store`` held in process memory (``open_store("memory://")``).
+class MemoryStore(SessionEngine):
+    """A ``Store`` (and ``SessionStore``) held in process memory (``open_store("memory://")``).
 
     Keeps every promise of ``Store`` except durability: nothing survives the process.
     Records are stored as given (a shallow copy with ``seq`` set); do not mutate the
@@ -55,6 +57,8 @@ class MemoryStore(StoreEngine):
         self._seq = itertools.count(1)
         self._counts: Counter[RolloutStatus] = Counter()
         self._once: OrderedDict[str, Once] = OrderedDict()
+        self._feedback: list[tuple[int, str]] = []
+        """(seq, rollout id) of each session's feedback, in seq order."""
 
     def _p_insert(self, rows: list[tuple[int, Rollout]], once: Once | None = None) -> None:
         if once is not None:
@@ -64,7 +68,7 @@ class MemoryStore(StoreEngine):
         for _, head in rows:
             self._heads[head.id] = head
             self._records[head.id] = {}
-        self._counts[RolloutStatus.QUEUED] += len(rows)
+            self._counts[head.status] += 1  # queued, or running for a session
 
     def _p_update(self, head: Rollout) -> None:
         old = self._heads[head.id]
@@ -95,6 +99,16 @@ class MemoryStore(StoreEngine):
 
     def _p_count(self, status: RolloutStatus | None) -> int:
         return len(self._heads) if status is None else self._counts[status]
+
+    def _p_feedback(self, head: Rollout, event: RewardEvent) -> None:
+        self._p_add_records(head.id, [event])
+        self._p_update(head)
+        stored = self._records[head.id][(event.attempt, event.id)]
+        self._feedback.append((stored.seq, head.id))
+
+    def _p_feedback_since(self, after: int, limit: int) -> list[tuple[int, str]]:
+        start = bisect.bisect_right(self._feedback, (after, "\uffff"))
+        return self._feedback[start : start + limit]
 
     def _p_save_resources(self, resources: Resources) -> None:
         pass

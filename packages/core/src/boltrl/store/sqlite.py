@@ -24,8 +24,16 @@ from pathlib import Path
 from typing import IO, Any
 
 from boltrl.errors import Conflict, InvalidInput
-from boltrl.records import RECORDS_ADAPTER, AnyRecord, Resources, Rollout, RolloutStatus
-from boltrl.store._engine import Once, StoreEngine
+from boltrl.records import (
+    RECORDS_ADAPTER,
+    AnyRecord,
+    Resources,
+    RewardEvent,
+    Rollout,
+    RolloutStatus,
+)
+from boltrl.store._engine import Once
+from boltrl.store._sessions import FEEDBACK_ID, SESSION_PREFIX, SessionEngine
 
 try:
     import fcntl
@@ -48,6 +56,9 @@ AGENT_EXPR = "json_extract(body, '$.agent')"
 """A record's agent name (``records`` table)."""
 AGENT_KINDS = "kind IN ('call_annotation', 'tool_step')"
 """The ``records_by_agent`` index's WHERE clause: a query must state it to use the index."""
+
+_FEEDBACK_WHERE = f"kind = 'reward' AND id = '{FEEDBACK_ID}'"
+"""The ``records_feedback`` index's WHERE clause (a query states it to use the index)."""
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -81,11 +92,13 @@ CREATE INDEX IF NOT EXISTS rollouts_by_run ON rollouts ({RUN_EXPR}, ord);
 CREATE INDEX IF NOT EXISTS rollouts_by_task ON rollouts ({TASK_EXPR}, ord);
 CREATE INDEX IF NOT EXISTS records_by_agent ON records ({AGENT_EXPR}, rollout_id)
     WHERE {AGENT_KINDS};
+-- Sessions' feedback by arrival, for a learner's cursor (SessionStore.rewarded_sessions).
+CREATE INDEX IF NOT EXISTS records_feedback ON records (seq) WHERE {_FEEDBACK_WHERE};
 """
 
 
-class SqliteStore(StoreEngine):
-    """A ``Store`` in one SQLite file (``open_store("sqlite:///path.db")``).
+class SqliteStore(SessionEngine):
+    """A ``Store`` (and ``SessionStore``) in one SQLite file (``open_store("sqlite:///path.db")``).
 
     Survives kill -9 of the process with every acknowledged call intact (see the module
     docstring for why ``synchronous=NORMAL`` suffices and when to ask for ``FULL``).
@@ -225,6 +238,31 @@ class SqliteStore(StoreEngine):
                 "SELECT COUNT(*) FROM rollouts WHERE status = ?", (status.value,)
             ).fetchone()
         return int(row[0])
+
+    def _p_feedback(self, head: Rollout, event: RewardEvent) -> None:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute(
+                "INSERT INTO records (rollout_id, attempt, id, kind, body) VALUES (?, ?, ?, ?, ?)",
+                (head.id, event.attempt, event.id, event.kind, event.model_dump_json()),
+            )
+            db.execute(
+                "UPDATE rollouts SET status = ?, head = ? WHERE id = ?",
+                (head.status.value, head.model_dump_json(), head.id),
+            )
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def _p_feedback_since(self, after: int, limit: int) -> list[tuple[int, str]]:
+        rows = self._db.execute(
+            f"SELECT seq, rollout_id FROM records WHERE seq > ? AND {_FEEDBACK_WHERE} "
+            "AND rollout_id LIKE ? ORDER BY seq LIMIT ?",
+            (after, SESSION_PREFIX + "%", limit),
+        ).fetchall()
+        return [(int(seq), str(rid)) for seq, rid in rows]
 
     def _p_save_resources(self, resources: Resources) -> None:
         self._db.execute(
