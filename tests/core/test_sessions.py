@@ -6,6 +6,8 @@ OpenAI SDK."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -20,12 +22,14 @@ from gateway_util import client, normalized, scripted_call, serve
 from store_harness import snapshot
 
 from boltrl.credit import transitions
+from boltrl.dashboard.app import create_dashboard_app
 from boltrl.errors import InvalidInput, NotFound, SessionClosed, SessionExpired
 from boltrl.feedback import send_feedback
 from boltrl.gateway import Gateway, SessionConfig
 from boltrl.records import AttemptOutcome, RolloutStatus
 from boltrl.scoring import rollout_score
 from boltrl.store import MemoryStore, SqliteStore, session_rollout_id, session_state
+from boltrl.store.server import RunningServer
 from boltrl.testing import ScriptedBackend
 
 pytestmark = pytest.mark.timeout(60)
@@ -366,3 +370,67 @@ def test_memory_store_keeps_sessions_too() -> None:
         assert _chat(g.session_url("m")).status_code == 200
         assert send_feedback(g.url, "m", 1.0).status == "succeeded"
     assert [r.id for r in store.rewarded_sessions().rollouts] == ["session-m"]
+
+
+def test_the_dashboard_lists_sessions_as_rollouts(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "dash.db")
+    cfg = SessionConfig(feedback_timeout_s=0.3)
+    try:
+        with serve(ScriptedBackend(["hi"], policy_version=4), store, sessions=cfg) as g:
+            for sid in ("open", "rated", "gone"):
+                assert _chat(g.session_url(sid)).status_code == 200
+            send_feedback(g.url, "rated", 1.0)
+            time.sleep(0.4)
+            assert _chat(g.session_url("open")).status_code == 410  # expired by now too
+            assert _chat(g.session_url("fresh")).status_code == 200
+        app = create_dashboard_app(store, poll_s=0.1)
+        server = RunningServer(app)
+        try:
+            rows = httpx.get(f"{server.url}/api/rollouts", timeout=30).json()["rows"]
+        finally:
+            app.state.dashboard.close()
+            server.stop()
+    finally:
+        store.close()
+    seen = {r["id"]: (r["status"], r["reward"], r["error_kind"], r["worker"]) for r in rows}
+    assert seen == {
+        "session-open": ("cancelled", None, "no_feedback", "session"),
+        "session-rated": ("succeeded", 1.0, None, "session"),
+        "session-gone": ("cancelled", None, "no_feedback", "session"),
+        "session-fresh": ("running", None, None, "session"),
+    }
+    assert {r["id"]: r["policy_versions"] for r in rows}["session-rated"] == [4]
+
+
+def test_cli_gateway_serve_with_sessions_records_and_takes_feedback(tmp_path: Path) -> None:
+    db = tmp_path / "cli.db"
+    with serve(ScriptedBackend(["from upstream"])) as up:
+        base = [sys.executable, "-m", "boltrl.cli", "gateway", "serve", "--upstream"]
+        argv = [*base, f"{up.url}/v1", "--model", "scripted", "--port", "0"]
+        refused = subprocess.run([*argv, "--sessions"], capture_output=True, text=True)
+        assert refused.returncode == 2 and "--sessions: needs --store" in refused.stdout
+        proc = subprocess.Popen(
+            [*argv, "--store", f"sqlite:///{db}", "--sessions", "--feedback-timeout", "90"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            url = line.split(" on ")[1].split()[0]
+            assert "/sessions/SESSION_ID/v1" in proc.stdout.readline()
+            assert _chat(f"{url}/sessions/cli-1/v1").status_code == 200
+            assert send_feedback(url, "cli-1", 0.5).status == "succeeded"
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, out + err
+    store = SqliteStore(db)
+    try:
+        ro = store.get("session-cli-1")
+        assert ro.reward == 0.5 and len(ro.calls) == 1
+        assert ro.calls[0].response["message"]["content"] == "from upstream"
+    finally:
+        store.close()

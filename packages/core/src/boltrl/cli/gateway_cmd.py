@@ -57,15 +57,37 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         help="policy version recorded with each call (default 0)",
     )
+    s.add_argument(
+        "--sessions",
+        action="store_true",
+        help="also record deployed agents' sessions (/sessions/ID/v1) and take their feedback "
+        "(POST /sessions/ID/feedback); needs --store",
+    )
+    s.add_argument(
+        "--feedback-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --sessions: a session without feedback this long after its last call "
+        "expires and is never trained on (default 3600)",
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from boltrl.gateway import Gateway
+    from boltrl.gateway import Gateway, SessionConfig
     from boltrl.gateway.upstream import UpstreamBackend
 
     store: Any = None
+    sessions = None
     try:
         check_exposure(args.host, args.token)
+        if args.feedback_timeout is not None and not args.sessions:
+            raise ValueError("--feedback-timeout: only with --sessions")
+        if args.sessions:
+            if not args.store:
+                raise ValueError("--sessions: needs --store (sessions are recorded there)")
+            timeout = args.feedback_timeout
+            sessions = SessionConfig() if timeout is None else SessionConfig(timeout)
         if args.store:
             from boltrl.store import open_store
 
@@ -87,6 +109,7 @@ def _serve(args: argparse.Namespace) -> int:
             port=args.port,
             token=args.token,
             max_body_bytes=int(args.max_body_mb * 2**20),
+            sessions=sessions,
         )
     except ValueError as e:
         if store is not None:
@@ -99,6 +122,13 @@ def _serve(args: argparse.Namespace) -> int:
             f" (rollout calls: {gateway.url}/rollouts/ROLLOUT_ID/attempts/N/TOKEN/v1)",
             flush=True,
         )
+        if sessions is not None:
+            print(
+                f"sessions: base_url {gateway.url}/sessions/SESSION_ID/v1, feedback POST "
+                f"{gateway.url}/sessions/SESSION_ID/feedback within "
+                f"{sessions.feedback_timeout_s:g} s of the last call",
+                flush=True,
+            )
         stop.wait()
     if store is not None:
         store.close()

@@ -87,6 +87,18 @@ class Count(_Wire):
     count: int
 
 
+class TouchSessionRequest(_Wire):
+    session_id: Any
+    feedback_timeout_s: Any
+    metadata: Any = None
+
+
+class FeedbackRequest(_Wire):
+    session_id: Any
+    reward: Any
+    name: Any = None
+
+
 ROLLOUTS: TypeAdapter[list[Rollout]] = TypeAdapter(list[Rollout])
 OPTIONAL_ATTEMPT: TypeAdapter[Attempt | None] = TypeAdapter(Attempt | None)
 TASKS: TypeAdapter[list[Task]] = TypeAdapter(list[Task])

@@ -37,11 +37,12 @@ from pydantic import BaseModel, TypeAdapter
 from boltrl import _http
 from boltrl._serving import check_token
 from boltrl.errors import BoltrlError, InvalidInput, NotFound, StoreUnavailable
-from boltrl.records import AnyRecord, Attempt, Resources, Rollout, RolloutStatus, Task
+from boltrl.records import JSON, AnyRecord, Attempt, Resources, Rollout, RolloutStatus, Task
 from boltrl.store import _wire as w
 from boltrl.store._checks import check_number, check_readable, check_tasks
 from boltrl.store._engine import WorkerInfo
-from boltrl.store.base import DEFAULT_LEASE_S
+from boltrl.store._sessions import check_feedback, check_session_id
+from boltrl.store.base import DEFAULT_FEEDBACK_TIMEOUT_S, DEFAULT_LEASE_S, SessionPage
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,8 @@ _MAX_BATCH_BYTES = 8 * 2**20
 
 
 class HttpStore:
-    """A ``Store`` served by ``boltrl store serve`` (or ``create_store_app``) elsewhere.
+    """A ``Store`` served by ``boltrl store serve`` (or ``create_store_app``) elsewhere;
+    a ``SessionStore`` too when the served store is one (memory, SQLite).
 
     Thread-safe: share one instance between threads. ``close()`` sends what is batched
     and releases connections.
@@ -271,6 +273,42 @@ class HttpStore:
 
     def resources(self) -> Resources:
         return Resources.model_validate_json(self._request("GET", "/resources"))
+
+    # -- the SessionStore API ---------------------------------------------------------------
+
+    def touch_session(
+        self,
+        session_id: str,
+        *,
+        feedback_timeout_s: float = DEFAULT_FEEDBACK_TIMEOUT_S,
+        metadata: JSON | None = None,
+    ) -> Attempt:
+        if metadata is not None:
+            check_readable("metadata", metadata)
+        req = w.TouchSessionRequest(
+            session_id=check_session_id(session_id),
+            feedback_timeout_s=feedback_timeout_s,
+            metadata=metadata,
+        )
+        body = self._request("POST", "/sessions/touch", body=req.model_dump_json().encode())
+        return Attempt.model_validate_json(body)
+
+    def feedback(self, session_id: str, reward: float, *, name: str | None = None) -> Rollout:
+        value, label = check_feedback(reward, name)  # a NaN must not travel as null
+        req = w.FeedbackRequest(session_id=check_session_id(session_id), reward=value, name=label)
+        body = self._request(
+            "POST", "/sessions/feedback", body=req.model_dump_json().encode(), once=True
+        )
+        return Rollout.model_validate_json(body)
+
+    def rewarded_sessions(self, *, after: int = 0, limit: int = 100) -> SessionPage:
+        params = {"after": after, "limit": limit}
+        return SessionPage.model_validate_json(
+            self._request("GET", "/sessions/rewarded", params=params)
+        )
+
+    def expire_sessions(self) -> int:
+        return w.Count.model_validate_json(self._request("POST", "/sessions/expire")).count
 
     def workers(self) -> list[WorkerInfo]:
         """Workers the server's store has seen (see ``StoreEngine.workers``)."""

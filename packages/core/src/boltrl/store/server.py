@@ -53,7 +53,8 @@ from boltrl.records import Resources
 from boltrl.store import _wire as w
 from boltrl.store._checks import check_number, validation_message
 from boltrl.store._engine import StoreEngine
-from boltrl.store.base import Store
+from boltrl.store._sessions import session_rollout_id
+from boltrl.store.base import SessionStore, Store
 
 log = logging.getLogger(__name__)
 
@@ -375,6 +376,47 @@ def store_router(store: Store) -> APIRouter:
     @router.get("/resources")
     async def resources() -> Response:
         return _json(await run(store.resources))
+
+    def sessions() -> SessionStore:
+        if not isinstance(store, SessionStore):
+            raise InvalidInput(f"this store ({type(store).__name__}) keeps no sessions")
+        return store
+
+    @router.post("/sessions/touch")
+    async def touch_session(request: Request) -> Response:
+        req = await _parse(request, w.TouchSessionRequest)
+        call = partial(
+            sessions().touch_session,
+            req.session_id,
+            feedback_timeout_s=req.feedback_timeout_s,
+            metadata=req.metadata,
+        )
+        return _json(await run(call))
+
+    @router.post("/sessions/feedback")
+    async def feedback(request: Request) -> Response:
+        session_id = ""
+
+        async def go() -> Response:
+            nonlocal session_id
+            req = await _parse(request, w.FeedbackRequest)
+            session_id = req.session_id
+            call = partial(sessions().feedback, req.session_id, req.reward, name=req.name)
+            return _json(await run(call))
+
+        async def again() -> Response:
+            return await current(session_rollout_id(session_id))
+
+        return await once(request, go, again)
+
+    @router.get("/sessions/rewarded")
+    async def rewarded_sessions(after: int = 0, limit: int = 100) -> Response:
+        call = partial(sessions().rewarded_sessions, after=after, limit=limit)
+        return _json(await run(call))
+
+    @router.post("/sessions/expire")
+    async def expire_sessions() -> Response:
+        return _json(w.Count(count=await run(sessions().expire_sessions)))
 
     @router.get("/workers")
     async def workers() -> Response:
