@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -434,3 +435,21 @@ def test_cli_gateway_serve_with_sessions_records_and_takes_feedback(tmp_path: Pa
         assert ro.calls[0].response["message"]["content"] == "from upstream"
     finally:
         store.close()
+
+
+def test_feedback_during_a_call_closes_the_session_and_the_call_is_not_recorded(
+    store: SqliteStore,
+) -> None:
+    with serve(ScriptedBackend(["slow"], delay_s=1.0), store, sessions=SessionConfig()) as g:
+        out: list[httpx.Response] = []
+        t = threading.Thread(target=lambda: out.append(_chat(g.session_url("race"))))
+        t.start()
+        deadline = time.monotonic() + 10
+        while store.count() == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)  # until the call has opened the session
+        assert send_feedback(g.url, "race", 1.0).status == "succeeded"
+        t.join(20)
+    [resp] = out
+    assert resp.status_code == 409 and "not recorded" in resp.json()["error"]["message"]
+    ro = store.get("session-race")
+    assert (ro.reward, ro.calls, session_state(ro)) == (1.0, [], "rewarded")
