@@ -191,7 +191,9 @@ def test_demonstrations_through_the_real_sdk_and_gateway(
     demos = collect_demos(cfg, tokenizer, store)
     assert (demos.rollouts, demos.kept, demos.failed, demos.rejected) == (8, 8, 0, 0)
     assert demos.source == "function:teacher.py:teach"
-    assert len(demos.transitions) == 6 + 2 * 2
+    # six one-call rollouts, and two two-call ones each merged into one sequence
+    assert len(demos.transitions) == 6 + 2
+    assert sum(0 in t.action_mask for t in demos.transitions) == 2
     renderer = StudentRenderer(tokenizer)
     rollouts = [store.get(r.id) for r in store.query(limit=100)]
     assert all(r.status == RolloutStatus.SUCCEEDED and r.reward == 1.0 for r in rollouts)

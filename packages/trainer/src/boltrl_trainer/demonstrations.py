@@ -4,8 +4,13 @@
 a ``TeacherBackend`` in the student's place (a teacher function or a teacher model), or
 reads the policy's own successful rollouts from a store (expert iteration). Rollouts
 whose reward misses ``min_reward`` are rejected; the rest become transitions through the
-run's own credit settings (its ``agents`` filter and ``merge_prefix`` included), so the
-warm start trains the calls that RL would.
+run's own credit settings (its ``agents`` filter included), so the warm start trains the
+calls that RL would. Demonstrations are always prefix-merged (``merge_prefix``): a
+multi-turn episode whose every prompt extends the previous prompt + reply becomes one
+sequence with the observations masked out. The SFT loss is a mean over trained tokens,
+and each reply's tokens see exactly the context they would see alone, so the loss is
+the same while the prompt is run once instead of once per call (rag_agent's three
+calls: about half the tokens).
 
 Teachers see training tasks only: ``training_tasks`` refuses a warm start whose tasks
 overlap the config's val/test tasks (by id or by input), and the ``TaskGuard`` of the
@@ -152,7 +157,7 @@ def _keep(
             out.rejected += 1
             continue
         try:
-            trans = transitions(r, credit)
+            trans = transitions(r, credit, merge_prefix=True)
         except MissingTokenIds as e:
             log.error("rollout %s: not a usable demonstration: %s", r.id, e)
             out.rejected += 1
