@@ -317,6 +317,16 @@ class TransformersBackend:
         return jobs, stop
 
     def _run(self) -> None:
+        threads = os.environ.get("BOLTRL_GENERATION_THREADS")
+        if threads:
+            # torch's thread count is per calling thread (an OpenMP setting), so this sets
+            # generation's alone: decoding runs many tiny matmuls, and on a loaded machine
+            # every one of them waits for its slowest thread (measured under load 4:
+            # rag_agent's 24 greedy validations took 210 s at 2 threads, 50 s at 1), while
+            # the update's large matmuls still use every thread.
+            import torch
+
+            torch.set_num_threads(int(threads))
         while True:
             item = self._queue.get()
             if item is _STOP:
