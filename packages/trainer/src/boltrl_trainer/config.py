@@ -93,8 +93,27 @@ class OptimConfig(_Cfg):
     """Passes over each step's batch (>1 makes the PPO clip matter)."""
 
 
+class AsyncConfig(_Cfg):
+    """Asynchronous training (``async:`` in the config): the rollouts of the next steps
+    run while the update runs, on a separate copy of the trainable weights; generation
+    pauses only while the new weights are copied in. Samples are then up to
+    ``max_staleness`` policy versions old and are trained with decoupled PPO
+    (``boltrl_trainer.offpolicy``). Torch backend only."""
+
+    max_staleness: int = Field(ge=1)
+    """How many policy versions old a trained sample may be; older ones are dropped and
+    counted (``offpolicy/dropped``). Also how many steps' rollouts run ahead of the
+    update: 1 overlaps the next step's rollouts with this step's update."""
+
+
 class TrainConfig(_Cfg):
     """Everything ``boltrl train`` and ``boltrl eval`` need."""
+
+    # ``async`` is a Python keyword: the field is ``async_``, written ``async`` in YAML,
+    # ``--set async.max_staleness=1`` and dumps (checkpoints, trackers).
+    model_config = ConfigDict(
+        extra="forbid", validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
+    )
 
     agent: str
     """The agent: ``module:function`` or ``file.py:function`` (relative to the config file)."""
@@ -152,6 +171,9 @@ class TrainConfig(_Cfg):
     warm_start: WarmStartConfig | None = None
     """Supervised warm start from demonstrations, run before RL (and all that ``boltrl sft``
     runs); see ``boltrl_trainer.warm_start_config``. Torch backend only."""
+    async_: AsyncConfig | None = Field(default=None, alias="async")
+    """Asynchronous training (``AsyncConfig``); null or absent: the synchronous loop
+    (rollouts, then the update with generation paused, then the next rollouts)."""
     init_from: str | None = None
     """A checkpoint boltrl wrote (RL or warm start: its folder, or a run folder / its
     ``checkpoints`` folder, whose ``latest`` is taken) whose weights start the run

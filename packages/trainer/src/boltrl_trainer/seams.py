@@ -132,8 +132,13 @@ class CandidateTrainer(TrainingBackend, Protocol):
     """A ``TrainingBackend`` whose ``update`` trains a copy of the weights (a candidate)
     and leaves the served ones alone, so generation goes on during the update.
 
-    Promises, beyond ``TrainingBackend``'s (whose ``update`` no longer needs a pause):
+    Promises, beyond ``TrainingBackend``'s (whose ``update`` no longer needs a pause once
+    the copy is in use):
 
+    - ``use_separate_copy(resettable=...)`` starts training a copy of the served weights
+      as they are now (call it once they are final for the start: after a resume, an
+      ``init_from`` or a warm start); before it, updates change the served weights in
+      place (run them in ``weight_swap``). ``resettable`` makes ``reset`` possible.
     - ``promote()`` copies the candidate into the served weights and returns its version;
       the caller holds the server's ``paused()`` (``promote_swap`` does it all).
     - ``served_version`` is the version of the weights being served.
@@ -144,6 +149,8 @@ class CandidateTrainer(TrainingBackend, Protocol):
 
     @property
     def served_version(self) -> int: ...
+
+    def use_separate_copy(self, *, resettable: bool = False) -> None: ...
 
     def promote(self) -> int: ...
 

@@ -6,6 +6,11 @@ step:  enqueue batch_tasks x group_size rollouts → wait → transitions (credi
        assignment) → advantages → update inside ``weight_swap`` (generation paused)
        → policy version + 1.
 every val_every steps: held-out tasks at temperature 0. Checkpoints and ``resume``.
+async (``async: {max_staleness: k}``, ``_run_async``): one rollout thread runs the
+       next steps' rollouts (up to k steps ahead) while the update trains a separate
+       copy of the weights; generation pauses only while ``seams.promote_swap`` copies
+       them in. Transitions older than k versions are dropped and counted; the rest are
+       trained with decoupled PPO (``boltrl_trainer.offpolicy``).
 Each phase reports one line per distinct error of its failed rollouts; a step whose
 every rollout failed stops the run (``failures.AllRolloutsFailed``): there is nothing
 to train on, and the next step would fail the same way.
@@ -14,13 +19,19 @@ Rewards are reported as ``boltrl.scoring`` scores: the return training uses.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import queue
 import random
 import shutil
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from boltrl.credit import CreditConfig, MissingTokenIds, transitions
 from boltrl.errors import InvalidInput
@@ -36,12 +47,66 @@ from boltrl_trainer.failures import AllRolloutsFailed, failure_lines
 from boltrl_trainer.lineage import run_lineage
 from boltrl_trainer.malloc_tuning import tune_malloc
 from boltrl_trainer.metrics import MetricsWriter, plot_rewards
+from boltrl_trainer.offpolicy import select_fresh
 from boltrl_trainer.reporting import LogReporter, Reporter
-from boltrl_trainer.seams import PolicyServer, TrainBatch, TrainingBackend, weight_swap
+from boltrl_trainer.seams import (
+    CandidateTrainer,
+    PolicyServer,
+    TrainBatch,
+    TrainingBackend,
+    promote_swap,
+    weight_swap,
+)
 from boltrl_trainer.session import RolloutSession, Sampling, tag_tasks
 from boltrl_trainer.tasks import load_tasks
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+
+@dataclass
+class _Rollouts:
+    """One step's finished training rollouts and what producing them took."""
+
+    rollouts: list[Rollout]
+    label: str
+    seconds: float
+    """Wall time from enqueueing to the last rollout's end."""
+    generation_s: float
+    """Seconds the backend was generating meanwhile."""
+    tokens: int
+    """Completion tokens generated meanwhile."""
+
+
+class _RolloutThread:
+    """Runs rollout phases one at a time, in submission order, beside the training loop.
+
+    A daemon thread: a run that fails mid-phase must not keep the process alive waiting
+    for rollouts nobody will finish."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue[tuple[Callable[[], Any], Future[Any]] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._work, name="boltrl-rollouts", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], _T]) -> Future[_T]:
+        fut: Future[_T] = Future()
+        self._jobs.put((fn, fut))
+        return fut
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fn, fut = job
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # handed to the loop, which raises it
+                fut.set_exception(e)
+
+    def close(self) -> None:
+        self._jobs.put(None)
 
 
 @dataclass
@@ -76,6 +141,10 @@ class Trainer:
         self.kind = backend_for(cfg)  # e.g. says how to install verl and vLLM when missing
         if cfg.tasks.train is None:
             raise InvalidInput("tasks.train: required for training (a .jsonl file or module:fn)")
+        if cfg.async_ is not None and cfg.backend != "torch":
+            raise InvalidInput(
+                "async: the torch backend only for now (backend: torch), or async: null"
+            )
         if cfg.steps > 0 and not cfg.temperature > 0:
             raise InvalidInput(
                 "temperature: must be > 0 for training rollouts (validation always uses 0)"
@@ -138,13 +207,10 @@ class Trainer:
             with session:
                 if not history and self.val_tasks:
                     history.append((0, self._validate(session, 0, metrics)))
-                for step in range(start_step + 1, cfg.steps + 1):
-                    self._step(session, server, trainer, step, metrics, train_sampling)
-                    last = step == cfg.steps
-                    if self.val_tasks and (last or (cfg.val_every and step % cfg.val_every == 0)):
-                        history.append((step, self._validate(session, step, metrics)))
-                    if last or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
-                        self._checkpoint(trainer, step, history)
+                if cfg.async_ is not None:
+                    self._run_async(session, server, trainer, start_step, history, metrics)
+                else:
+                    self._run_sync(session, server, trainer, start_step, history, metrics)
         finally:
             metrics.close()
             server.close()
@@ -159,17 +225,124 @@ class Trainer:
             )
         return TrainResult(cfg.steps, history, self.out, plot)
 
-    def _step(
+    def _run_sync(
         self,
         session: RolloutSession,
         server: PolicyServer,
         trainer: TrainingBackend,
-        step: int,
+        start: int,
+        history: list[tuple[int, float]],
         metrics: MetricsWriter,
-        sampling: Sampling,
     ) -> None:
+        """Steps ``start + 1 ..``, each rollouts then update (generation paused)."""
         cfg = self.cfg
-        t_step = time.perf_counter()
+        sampling = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens)
+        for step in range(start + 1, cfg.steps + 1):
+            self._step(session, server, trainer, step, metrics, sampling)
+            last = step == cfg.steps
+            if self.val_tasks and (last or (cfg.val_every and step % cfg.val_every == 0)):
+                history.append((step, self._validate(session, step, metrics)))
+            if last or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+                self._checkpoint(trainer, step, history)
+
+    def _run_async(
+        self,
+        session: RolloutSession,
+        server: PolicyServer,
+        trainer: TrainingBackend,
+        start: int,
+        history: list[tuple[int, float]],
+        metrics: MetricsWriter,
+    ) -> None:
+        """Steps ``start + 1 ..`` with rollouts running ahead of the update (module doc).
+
+        Step ``j``'s rollouts are launched once version ``j - 1 - k`` is served, so no
+        call of theirs is more than ``k`` versions older than the update that trains them;
+        the rollout thread runs phases in launch order, so each batch is trained once, by
+        step ``j``. Validation of step ``s`` is queued right after the running batch and
+        finished before version ``s + 1`` is served: it sees version ``s`` only."""
+        cfg = self.cfg
+        assert cfg.async_ is not None
+        k = cfg.async_.max_staleness
+        if not isinstance(trainer, CandidateTrainer):
+            raise InvalidInput(f"async: backend {cfg.backend} cannot train a separate copy")
+        trainer.use_separate_copy()  # after resume / warm start: the served weights are final
+        sampling = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens)
+        worker = _RolloutThread()
+        pending: dict[int, Future[_Rollouts]] = {}
+        next_step = start + 1
+        val: tuple[int, Future[list[Rollout]]] | None = None
+
+        def launch() -> None:
+            nonlocal next_step
+            while next_step <= cfg.steps and next_step - 1 - trainer.served_version <= k:
+                j = next_step
+                pending[j] = worker.submit(
+                    functools.partial(self._train_rollouts, session, server, j, sampling)
+                )
+                next_step += 1
+
+        def finish_val() -> float:
+            nonlocal val
+            if val is None:
+                return 0.0
+            t0 = time.perf_counter()
+            at, fut = val
+            history.append((at, self._record_val(at, fut.result(), metrics)))
+            val = None
+            return time.perf_counter() - t0
+
+        try:
+            launch()
+            t_prev = time.perf_counter()
+            for step in range(start + 1, cfg.steps + 1):
+                t0 = time.perf_counter()
+                got = pending.pop(step).result()
+                wait_s = time.perf_counter() - t0
+                batch, stats = self._prepare(got, trainer, sampling, max_staleness=k)
+                busy0 = session.backend.busy_s
+                upd = trainer.update(batch)  # a copy: generation goes on meanwhile
+                overlap_s = session.backend.busy_s - busy0
+                val_wait_s = finish_val()  # validation must not see the next version
+                t1 = time.perf_counter()
+                promote_swap(server, trainer)
+                swap_s = time.perf_counter() - t1
+                session.publish()
+                last = step == cfg.steps
+                if self.val_tasks and (last or (cfg.val_every and step % cfg.val_every == 0)):
+                    val = (
+                        step,
+                        worker.submit(functools.partial(self._val_rollouts, session, step)),
+                    )
+                launch()
+                if last or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+                    val_wait_s += finish_val()
+                    self._checkpoint(trainer, step, history)
+                now = time.perf_counter()
+                step_s, t_prev = now - t_prev, now
+                update_s = upd.get("time/update_s", 0.0)
+                timing = {
+                    "time/step_s": step_s,
+                    "time/rollout_s": got.seconds,
+                    "time/generation_s": got.generation_s,
+                    "time/wait_rollouts_s": wait_s,
+                    "time/overlap_s": overlap_s,  # generating while the update ran
+                    "time/swap_s": swap_s,
+                    "time/val_wait_s": val_wait_s,
+                    "time/overhead_s": max(step_s - wait_s - update_s - swap_s - val_wait_s, 0.0),
+                }
+                self._report_step(step, got, stats, upd, timing, server, trainer, metrics)
+        finally:
+            for fut in pending.values():
+                fut.cancel()
+            worker.close()
+
+    def _train_rollouts(
+        self, session: RolloutSession, server: PolicyServer, step: int, sampling: Sampling
+    ) -> _Rollouts:
+        """Step ``step``'s training rollouts (its tasks depend on the step only), timed."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
         rng = random.Random(f"{cfg.seed}-{step}")  # resumable: tasks depend on step only
         chosen = rng.sample(self.train_tasks, min(cfg.batch_tasks, len(self.train_tasks)))
         tasks = tag_tasks(
@@ -179,42 +352,88 @@ class Trainer:
         tokens0 = server.stats().get("completion_tokens", 0)
         label = f"step {step}/{cfg.steps}"
         rollouts = session.run(tasks, sampling, label=label)
-        t_rollout = time.perf_counter() - t_step
+        return _Rollouts(
+            rollouts=rollouts,
+            label=label,
+            seconds=time.perf_counter() - t0,
+            generation_s=session.backend.busy_s - busy0,
+            tokens=server.stats().get("completion_tokens", 0) - tokens0,
+        )
+
+    def _step(
+        self,
+        session: RolloutSession,
+        server: PolicyServer,
+        trainer: TrainingBackend,
+        step: int,
+        metrics: MetricsWriter,
+        sampling: Sampling,
+    ) -> None:
+        """The synchronous step: rollouts, then the update with generation paused."""
+        t_step = time.perf_counter()
+        got = self._train_rollouts(session, server, step, sampling)
+        batch, stats = self._prepare(got, trainer, sampling, max_staleness=None)
+        with weight_swap(server, trainer):
+            upd = trainer.update(batch)
+        session.publish()
+        step_s = time.perf_counter() - t_step
+        timing = {
+            "time/step_s": step_s,
+            "time/rollout_s": got.seconds,
+            "time/generation_s": got.generation_s,
+            # everything that is neither generating nor updating: store, gateway, agents,
+            # runners, credit assignment, batching
+            "time/overhead_s": max(step_s - got.generation_s - upd.get("time/update_s", 0.0), 0.0),
+        }
+        self._report_step(step, got, stats, upd, timing, server, trainer, metrics)
+
+    def _prepare(
+        self,
+        got: _Rollouts,
+        trainer: TrainingBackend,
+        sampling: Sampling,
+        *,
+        max_staleness: int | None,
+    ) -> tuple[TrainBatch, dict[str, float]]:
+        """The step's batch, after stopping the run when every rollout failed."""
+        rollouts = got.rollouts
         if rollouts and all(r.status != RolloutStatus.SUCCEEDED for r in rollouts):
             # nothing to train on, and every later step would fail the same way
             raise AllRolloutsFailed(
                 "\n".join(
                     [
-                        f"{label}: every rollout failed; nothing to train on, stopping",
-                        *failure_lines(label, rollouts)[1:],
+                        f"{got.label}: every rollout failed; nothing to train on, stopping",
+                        *failure_lines(got.label, rollouts)[1:],
                     ]
                 )
             )
-        generation_s = session.backend.busy_s - busy0
-
         t_prep = time.perf_counter()
-        batch, stats = self._batch(rollouts, trainer.policy_version, sampling.temperature)
-        prep_s = time.perf_counter() - t_prep
-        with weight_swap(server, trainer):
-            upd = trainer.update(batch)
-        session.publish()
-        step_s = time.perf_counter() - t_step
+        batch, stats = self._batch(
+            rollouts, trainer.policy_version, sampling.temperature, max_staleness
+        )
+        stats["time/prepare_s"] = time.perf_counter() - t_prep
+        return batch, stats
+
+    def _report_step(
+        self,
+        step: int,
+        got: _Rollouts,
+        stats: dict[str, float],
+        upd: dict[str, float],
+        timing: dict[str, float],
+        server: PolicyServer,
+        trainer: TrainingBackend,
+        metrics: MetricsWriter,
+    ) -> None:
         gen = server.stats()
         row = {
             **stats,
             **upd,
             "policy_version": trainer.policy_version,
-            "time/step_s": step_s,
-            "time/rollout_s": t_rollout,
-            "time/generation_s": generation_s,
-            "time/prepare_s": prep_s,
-            # everything that is neither generating nor updating: store, gateway, agents,
-            # runners, credit assignment, batching
-            "time/overhead_s": max(step_s - generation_s - upd.get("time/update_s", 0.0), 0.0),
+            **timing,
             "throughput/completion_tokens_total": gen.get("completion_tokens", 0),
-            "throughput/tokens_per_s": (gen.get("completion_tokens", 0) - tokens0)
-            / max(t_rollout, 1e-9),
-            "throughput/rollouts_per_s": len(rollouts) / max(t_rollout, 1e-9),
+            "throughput/tokens_per_s": got.tokens / max(got.seconds, 1e-9),
+            "throughput/rollouts_per_s": len(got.rollouts) / max(got.seconds, 1e-9),
         }
         metrics.write(step, row)
         self.reporter.line(
@@ -223,14 +442,25 @@ class Trainer:
             f"| kl {upd.get('update/approx_kl', 0.0):.4f} "
             f"| clip {upd.get('update/clip_frac', 0.0):.3f}"
             f" | failed {stats['train/failed']:.0f} skipped {stats['train/skipped_groups']:.0f}"
-            f" | {t_rollout:.1f}s rollout + {upd.get('time/update_s', 0.0):.1f}s update"
+            f" | {got.seconds:.1f}s rollout + {upd.get('time/update_s', 0.0):.1f}s update"
+            + (
+                f" | stale {stats['offpolicy/staleness_mean']:.2f} "
+                f"dropped {stats['offpolicy/dropped']:.0f}"
+                if self.cfg.async_ is not None
+                else ""
+            )
         )
 
     def _batch(
-        self, rollouts: list[Rollout], version: int, temperature: float
+        self,
+        rollouts: list[Rollout],
+        version: int,
+        temperature: float,
+        max_staleness: int | None = None,
     ) -> tuple[TrainBatch, dict[str, float]]:
         """Transitions and advantages of the succeeded rollouts (failed ones are dropped
-        and counted, not scored 0)."""
+        and counted, not scored 0); transitions more than ``max_staleness`` versions older
+        than ``version`` are dropped and counted (``offpolicy/*``) before the advantages."""
         ok = [r for r in rollouts if r.status == RolloutStatus.SUCCEEDED]
         failed = len(rollouts) - len(ok)
         self.counters["failed_rollouts"] += failed
@@ -243,6 +473,8 @@ class Trainer:
                 refused += 1
                 log.error("refusing rollout %s for training: %s", r.id, e)
         self.counters["refused_rollouts"] += refused
+        trans, staleness = select_fresh(trans, version, max_staleness)
+        self.counters["stale_dropped"] = self.counters.get("stale_dropped", 0) + staleness.dropped
         score = summarize_scores(ok, self.credit)
         stats: dict[str, float] = {
             "train/reward_mean": score.mean,
@@ -252,6 +484,7 @@ class Trainer:
             "train/refused": float(refused),
             "train/transitions": float(len(trans)),
             "train/skipped_groups": 0.0,
+            **staleness.metrics(),
         }
         if not trans:
             return TrainBatch([], [], version, temperature), stats
@@ -264,9 +497,13 @@ class Trainer:
         return TrainBatch(kept, values, version, temperature, [t.group for t in kept]), stats
 
     def _validate(self, session: RolloutSession, step: int, metrics: MetricsWriter) -> float:
-        cfg = self.cfg
+        return self._record_val(step, self._val_rollouts(session, step), metrics)
+
+    def _val_rollouts(self, session: RolloutSession, step: int) -> list[Rollout]:
         tasks = tag_tasks(self.val_tasks, run=self.run_name, step=step, phase="val")
-        out = session.run(tasks, Sampling(0.0, 1.0, cfg.max_tokens), label=f"val @ {step}")
+        return session.run(tasks, Sampling(0.0, 1.0, self.cfg.max_tokens), label=f"val @ {step}")
+
+    def _record_val(self, step: int, out: list[Rollout], metrics: MetricsWriter) -> float:
         score = summarize_scores(out, self.credit, failed_as=0.0)
         metrics.write(
             step,
