@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ class MetricsWriter:
         config: dict[str, Any] | None = None,
         lineage: dict[str, Any] | None = None,
     ) -> None:
+        self._t0 = time.perf_counter()
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
@@ -48,8 +50,11 @@ class MetricsWriter:
             raise
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
+        """Log ``metrics`` at ``step``, with ``time/elapsed_s``: seconds since this writer
+        was made (the run's start, after the model loaded), to plot against wall time."""
+        row = {**metrics, "time/elapsed_s": time.perf_counter() - self._t0}
         for tracker in self.trackers:
-            tracker.log(step, metrics)
+            tracker.log(step, row)
 
     def close(self) -> None:
         for tracker in self.trackers:

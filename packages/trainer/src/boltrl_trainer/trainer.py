@@ -256,8 +256,9 @@ class Trainer:
     ) -> None:
         """Steps ``start + 1 ..`` with rollouts running ahead of the update (module doc).
 
-        Step ``j``'s rollouts are launched once version ``j - 1 - k`` is served, so no
-        call of theirs is more than ``k`` versions older than the update that trains them;
+        Step ``j``'s rollouts are launched once step ``j - 1 - k``'s weights are served,
+        so no call of theirs is more than ``k`` updates older than the update that trains
+        them (a skipped update does not change the version: fewer versions, not more);
         the rollout thread runs phases in launch order, so each batch is trained once, by
         step ``j``. Validation of step ``s`` is queued right after the running batch and
         finished before version ``s + 1`` is served: it sees version ``s`` only."""
@@ -270,12 +271,12 @@ class Trainer:
         sampling = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens)
         worker = _RolloutThread()
         pending: dict[int, Future[_Rollouts]] = {}
-        next_step = start + 1
+        next_step, served_step = start + 1, start
         val: tuple[int, Future[list[Rollout]]] | None = None
 
         def launch() -> None:
             nonlocal next_step
-            while next_step <= cfg.steps and next_step - 1 - trainer.served_version <= k:
+            while next_step <= cfg.steps and next_step - 1 - served_step <= k:
                 j = next_step
                 pending[j] = worker.submit(
                     functools.partial(self._train_rollouts, session, server, j, sampling)
@@ -307,6 +308,7 @@ class Trainer:
                 t1 = time.perf_counter()
                 promote_swap(server, trainer)
                 swap_s = time.perf_counter() - t1
+                served_step = step
                 session.publish()
                 last = step == cfg.steps
                 if self.val_tasks and (last or (cfg.val_every and step % cfg.val_every == 0)):
