@@ -210,3 +210,29 @@ def test_async_config_is_validated(tmp_path: Path) -> None:
     assert cfg.async_ is not None and cfg.async_.max_staleness == 2
     assert cfg.model_dump(mode="json")["async"] == {"max_staleness": 2}  # round-trips
     assert TrainConfig.model_validate(cfg.model_dump(mode="json")).async_ == cfg.async_
+
+
+def test_async_runs_on_when_updates_are_skipped(tmp_path: Path) -> None:
+    # equal rewards in every group: each update is skipped and the version stays 0; the
+    # rollouts still launch by steps served, so the run does not wait for a version
+    (tmp_path / "const.py").write_text(
+        textwrap.dedent(
+            """
+            from openai import OpenAI
+
+            def agent(task, llm):
+                client = OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+                client.chat.completions.create(
+                    model=llm.model, messages=[{"role": "user", "content": task["prompt"]}]
+                )
+                return 1.0
+            """
+        )
+    )
+    cfg = _config(tmp_path, **{"async": {"max_staleness": 1}, "steps": 3, "val_every": 0})
+    cfg = cfg.model_copy(update={"agent": f"{tmp_path / 'const.py'}:agent"})
+    result = Trainer(cfg).run()
+    rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    steps = [r for r in rows if "update/skipped" in r]
+    assert result.steps_done == 3 and [r["step"] for r in steps] == [1, 2, 3]
+    assert [r["policy_version"] for r in steps] == [0, 0, 0]
