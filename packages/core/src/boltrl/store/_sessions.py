@@ -131,6 +131,11 @@ class SessionEngine(StoreEngine):
     feedback record in one commit) and ``_p_feedback_since`` (the cursor query).
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._expired = 0
+        """Sessions this store object closed for want of feedback (``expire_sessions``)."""
+
     def _p_feedback(self, head: Rollout, event: RewardEvent) -> None:
         """Store ``event`` and the closed ``head`` together, or neither (this default is
         for stores whose two writes cannot fail apart)."""
@@ -268,9 +273,6 @@ class SessionEngine(StoreEngine):
             return self._expired - before
 
     # -- expiry (the engine's one lease path) ---------------------------------------------
-
-    _expired = 0
-    """Sessions this store object closed for want of feedback (for ``expire_sessions``)."""
 
     def _lease_expired(self, head: Rollout, now: float) -> None:
         if session_state(head) is None:
