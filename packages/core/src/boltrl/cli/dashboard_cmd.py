@@ -43,6 +43,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "(needs transformers); without it the token view shows ids",
     )
     p.add_argument(
+        "--promotions",
+        default=None,
+        metavar="PATH",
+        help="a boltrl serve decision log (OUT_DIR/promotions.jsonl) for the Promotions page",
+    )
+    p.add_argument(
         "--otlp",
         default=None,
         metavar="ENDPOINT",
@@ -71,7 +77,11 @@ def _run(args: argparse.Namespace) -> int:
         # page elsewhere whose name was rebound to 127.0.0.1 (DNS rebinding) may not.
         hosts = local_hosts(args.host) if args.token is None else None
         app = create_dashboard_app(
-            source, args.token, tokenizer=args.tokenizer, allowed_hosts=hosts
+            source,
+            args.token,
+            tokenizer=args.tokenizer,
+            allowed_hosts=hosts,
+            promotions=args.promotions,
         )
         dash = app.state.dashboard
         sock = bind(args.host, args.port)

@@ -29,6 +29,7 @@ from boltrl.credit import CreditConfig
 from boltrl.dashboard.detail import rollout_detail
 from boltrl.dashboard.events import Hub
 from boltrl.dashboard.model import STATUSES, Filters, Source
+from boltrl.dashboard.promotions import promotions_view
 from boltrl.dashboard.source import source_for
 from boltrl.dashboard.stats import Tracker
 from boltrl.dashboard.tokens import TokenDecoder, token_view
@@ -60,9 +61,15 @@ class Dashboard:
     """What one dashboard app holds: its source, tracker, event hub and decoder."""
 
     def __init__(
-        self, source: Source, *, tokenizer: str | None = None, poll_s: float = 0.5
+        self,
+        source: Source,
+        *,
+        tokenizer: str | None = None,
+        poll_s: float = 0.5,
+        promotions: Path | None = None,
     ) -> None:
         self.source = source
+        self.promotions = promotions
         self.tracker = Tracker(source)
         self.hub = Hub(self.tracker, poll_s=poll_s)
         self.decoder = TokenDecoder(tokenizer)
@@ -164,6 +171,11 @@ def _router(dash: Dashboard) -> APIRouter:
         out: dict[str, Any] = await off(workers_view, src)
         return out
 
+    @router.get("/promotions")
+    async def promotions() -> dict[str, Any]:
+        out: dict[str, Any] = await off(promotions_view, dash.promotions)
+        return out
+
     @router.get("/events")
     async def events(request: Request) -> StreamingResponse:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -183,17 +195,20 @@ def create_dashboard_app(
     tokenizer: str | None = None,
     poll_s: float = 0.5,
     allowed_hosts: Collection[str] | None = None,
+    promotions: str | Path | None = None,
 ) -> FastAPI:
     """The dashboard for a store (or a ready ``Source``), as an ASGI app.
 
     ``app.state.dashboard.close()`` ends live streams (call it before stopping the
     server); the store stays the caller's to close. ``tokenizer`` names a Hugging Face
     tokenizer to decode response tokens with (optional). ``allowed_hosts``, when set,
-    are the only ``Host`` names served (see ``boltrl._serving.Guard``).
+    are the only ``Host`` names served (see ``boltrl._serving.Guard``). ``promotions``
+    is a ``boltrl serve`` decision log (``promotions.jsonl``) for the Promotions page.
     """
     check_token("token", token)  # at once: middleware is built on the first request
     source = store if isinstance(store, _SourceLike) else source_for(store)
-    dash = Dashboard(source, tokenizer=tokenizer, poll_s=poll_s)
+    log_path = None if promotions is None else Path(promotions)
+    dash = Dashboard(source, tokenizer=tokenizer, poll_s=poll_s, promotions=log_path)
     app = FastAPI(title="boltrl dashboard", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.dashboard = dash
     install_error_handlers(app)

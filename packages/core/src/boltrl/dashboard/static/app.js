@@ -1,9 +1,10 @@
-// The dashboard's router: #/runs, #/rollouts?…, #/rollout/<id>, #/workers.
+// The dashboard's router: #/runs, #/rollouts?…, #/rollout/<id>, #/workers, #/promotions.
 import { api, clear, connectLive, onLive, fmt } from "./dom.js";
 import { runsPage } from "./runs.js";
 import { rolloutsPage } from "./rollouts.js";
 import { detailPage } from "./detail.js";
 import { workersPage } from "./workers.js";
+import { promotionsPage } from "./promotions.js";
 
 let current = null;
 
@@ -20,6 +21,7 @@ function route() {
   if (page === "rollouts") current = rolloutsPage(main, params);
   else if (page === "rollout") current = detailPage(main, params, decodeURIComponent(parts.slice(1).join("/")));
   else if (page === "workers") current = workersPage(main, params);
+  else if (page === "promotions") current = promotionsPage(main, params);
   else current = runsPage(main, params);
   document.title = `boltrl · ${page}`;
 }
