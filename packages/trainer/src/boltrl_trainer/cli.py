@@ -176,6 +176,7 @@ def register(commands: Any) -> None:
         _export_arguments,
         _export_run,
     )
-    from boltrl_trainer import cli_train
+    from boltrl_trainer import cli_serve, cli_train
 
     cli_train.register(commands)
+    cli_serve.register(commands)

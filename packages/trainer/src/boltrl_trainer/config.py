@@ -180,6 +180,7 @@ class TrainConfig(_Cfg):
     (``boltrl train`` and ``boltrl sft``). Torch backend only."""
 
     _source: str = PrivateAttr(default="(inline)")
+    _sections: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @property
     def store_url(self) -> str:
@@ -189,6 +190,12 @@ class TrainConfig(_Cfg):
     def source(self) -> str:
         """Where the config was read from (its file, else ``(inline)``), for errors."""
         return self._source
+
+    @property
+    def sections(self) -> dict[str, Any]:
+        """Top-level sections another command owns (``load_config(sections=...)``), as
+        written: e.g. ``boltrl serve``'s ``serve:``; validated by that command."""
+        return dict(self._sections)
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
@@ -218,12 +225,14 @@ def load_config(
     overrides: list[str] | None = None,
     *,
     data: dict[str, Any] | None = None,
+    sections: tuple[str, ...] = (),
 ) -> TrainConfig:
     """Read a YAML config (or ``data``), apply ``key=value`` overrides (values parsed as
     YAML), resolve relative paths against the config file, and validate.
 
     Raises ``InvalidInput`` whose message lists every bad field by name. Backend checks
-    are separate (see the module docstring).
+    are separate (see the module docstring). Top-level keys named in ``sections`` are
+    taken out before validation and kept raw in ``TrainConfig.sections``.
     """
     raw: dict[str, Any] = dict(data or {})
     # keys not read from the file: their paths are the working directory's
@@ -248,6 +257,7 @@ def load_config(
             raise InvalidInput(f"override {item!r} must look like key=value")
         k, _, v = item.partition("=")
         _set_dotted(raw, k.strip(), yaml.safe_load(v))
+    taken = {name: raw.pop(name) for name in sections if name in raw}
     try:
         cfg = TrainConfig.model_validate(raw)
     except ValidationError as e:
@@ -259,6 +269,7 @@ def load_config(
 
     out = _resolve_paths(cfg, base_of)
     out._source = source
+    out._sections = taken
     return out
 
 
