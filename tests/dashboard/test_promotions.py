@@ -35,6 +35,7 @@ def _decision(
         "trained_sessions": 0 if decision == "initial" else 14,
         "transitions": 14,
         "dropped_stale": 2,
+        "over_budget": 0,
         "expired": 3,
         "session_reward_mean": 0.4,
         "update_s": 2.0,

@@ -102,9 +102,10 @@ class Decision:
     """The learner's round (1, 2, ...)."""
     time: float
     """Unix time of the decision."""
-    decision: Literal["promote", "rollback", "initial"]
+    decision: Literal["promote", "rollback", "skip", "initial"]
     """``promote``: the candidate is served from now on; ``rollback``: it was discarded
-    and the served version stays; ``initial``: the version served at start, scored."""
+    and the served version stays; ``skip``: nothing fresh to train on (no candidate);
+    ``initial``: the version served at start, scored."""
     served_version: int
     """The version served before the decision."""
     candidate_version: int
@@ -126,6 +127,8 @@ class Decision:
     """Transitions trained on."""
     dropped_stale: int
     """Transitions dropped as older than ``max_staleness``."""
+    over_budget: int
+    """Fresh sessions left out: more than ``max_sessions`` were waiting."""
     expired: int
     """Sessions expired (no feedback by the deadline) since the previous round."""
     session_reward_mean: float

@@ -2,12 +2,14 @@
 
 A round, read top to bottom (``Learner.round``):
 
-1. take the sessions whose feedback arrived since the cursor (``SessionStore.
+1. take every session whose feedback arrived since the cursor (``SessionStore.
    rewarded_sessions``; expired and unrated sessions are never listed, so never trained
-   on), at most ``learn.max_sessions``;
+   on): a backlog is drained and counted, never left to grow staler;
 2. transitions by credit assignment; keep those at most ``learn.max_staleness``
    promotions behind the served version (``offpolicy.select_fresh``: older ones are
-   dropped and counted; the update corrects the kept stale ones by importance weights);
+   dropped and counted; the update corrects the kept stale ones by importance weights),
+   of at most ``learn.max_sessions`` sessions, the last rewarded (the rest are counted
+   ``over_budget``);
 3. REINFORCE advantages against a running baseline (``serve_config`` says why);
 4. update the candidate copy (``CandidatePolicy.train``: users keep being served);
 5. score it on the gate; promote it (``candidate >= served - tolerance``) or reset it;
@@ -51,6 +53,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Learner", "LearnerState"]
 
+_PAGE = 500
+
 
 @dataclass
 class LearnerState:
@@ -67,6 +71,7 @@ class LearnerState:
             "transitions": 0,
             "dropped_stale": 0,
             "refused": 0,
+            "over_budget": 0,
             "promotions": 0,
             "rollbacks": 0,
         }
@@ -157,6 +162,7 @@ class Learner:
                     trained_sessions=0,
                     transitions=0,
                     dropped_stale=0,
+                    over_budget=0,
                     expired=0,
                     session_reward_mean=0.0,
                     update_s=0.0,
@@ -213,12 +219,17 @@ class Learner:
         with self._lock:
             if self.served_score is None:
                 raise RuntimeError("score_served() first: the gate needs the served score")
-            page = self.store.rewarded_sessions(
-                after=self.state.cursor, limit=self.learn.max_sessions
-            )
-            if not page.rollouts:
+            sessions: list[Rollout] = []
+            cursor = self.state.cursor
+            while True:  # drain: a backlog is read (and counted) now, not left to go stale
+                page = self.store.rewarded_sessions(after=cursor, limit=_PAGE)
+                sessions.extend(page.rollouts)
+                cursor = page.cursor
+                if len(page.rollouts) < _PAGE:
+                    break
+            if not sessions:
                 return None
-            return self._round(page.rollouts, page.cursor)
+            return self._round(sessions, cursor)
 
     def _round(self, sessions: list[Rollout], cursor: int) -> Decision:
         st = self.state
@@ -226,6 +237,7 @@ class Learner:
         served = self.policy.served_version
         trans, refused = self._transitions(sessions)
         kept, stale = select_fresh(trans, served, self.learn.max_staleness)
+        kept, over = _newest(kept, self.learn.max_sessions)
         trained_ids = {t.rollout_id for t in kept}
         trained = [r for r in sessions if r.id in trained_ids]
         reward = summarize_scores(trained, self.credit).mean if trained else 0.0
@@ -249,6 +261,7 @@ class Learner:
             trained_sessions=len(trained),
             transitions=len(kept),
             dropped_stale=stale.dropped,
+            over_budget=over,
             expired=expired,
             session_reward_mean=reward,
         )
@@ -260,6 +273,7 @@ class Learner:
         c["transitions"] += len(kept)
         c["dropped_stale"] += stale.dropped
         c["refused"] += refused
+        c["over_budget"] += over
         if decision.decision == "promote":
             c["promotions"] += 1
         elif decision.decision == "rollback":
@@ -282,7 +296,7 @@ class Learner:
         base = Decision(
             round=round_no,
             time=time.time(),
-            decision="rollback",
+            decision="skip",
             served_version=served,
             candidate_version=served,
             version_after=served,
@@ -296,6 +310,7 @@ class Learner:
             trained_sessions=0,
             transitions=0,
             dropped_stale=0,
+            over_budget=0,
             expired=0,
             session_reward_mean=0.0,
             update_s=upd.get("time/update_s", 0.0),
@@ -328,6 +343,7 @@ class Learner:
         return _with(
             base,
             **figures,
+            decision="rollback",
             reason=f"candidate {cand.mean:.3f} < served {before.mean:.3f} - tolerance "
             f"{self.gate.tolerance:g} = {bar:.3f}: discarded, v{served} stays",
         )
@@ -361,10 +377,21 @@ class Learner:
             "serve/sessions": d.sessions,
             "serve/trained_sessions": d.trained_sessions,
             "serve/expired": d.expired,
+            "serve/over_budget": d.over_budget,
             "serve/refused": refused,
             "serve/session_reward_mean": d.session_reward_mean,
             "serve/baseline": self.baseline.value or 0.0,
         }
+
+
+def _newest(kept: list[Transition], limit: int) -> tuple[list[Transition], int]:
+    """The transitions of the ``limit`` sessions rewarded last (feedback order), and how
+    many sessions were left out: the freshest feedback is worth the most."""
+    order = list(dict.fromkeys(t.rollout_id for t in kept))
+    if len(order) <= limit:
+        return kept, 0
+    chosen = set(order[-limit:])
+    return [t for t in kept if t.rollout_id in chosen], len(order) - limit
 
 
 def _with(d: Decision, **changes: Any) -> Decision:
