@@ -197,7 +197,8 @@ def config(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "progress": False,
         "serve": {
             "port": 0,
-            "feedback_timeout_s": 3.0 if quick else 20.0,
+            # a session's deadline runs from its call's start: leave a starved CPU room
+            "feedback_timeout_s": 8.0 if quick else 20.0,
             "learn": {
                 "every_sessions": 4 if quick else 32,
                 "every_minutes": 0.1 if quick else 1.0,
@@ -251,7 +252,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     srv.learner.start()
     kinds = KINDS[args.scenario]
     opts = {
-        "silent": 0.15,
+        "silent": 0.3 if args.quick else 0.15,
         "delay_min": 0.1 if args.quick else 0.5,
         "delay_max": 0.5 if args.quick else 6.0,
         "think_max": 0.2 if args.quick else 1.0,
@@ -299,6 +300,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "tolerance": args.tolerance,
         "sessions": len(ok),
         "failed_calls": len(log) - len(ok),
+        "call_errors": dict(Counter(x["error"] for x in log if "error" in x)),
         "by_kind": dict(Counter(x["kind"] for x in ok)),
         "silent": sum(1 for x in ok if x["silent"]),
         "ratings_sent": mail.sent,
@@ -307,9 +309,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "expired": expired,
         "learner": counters,
         "decisions": decisions,
-        "honest_reward_by_minute": {
-            str(m): sum(v) / len(v) for m, v in sorted(minutes.items())
-        },
+        "honest_reward_by_minute": {str(m): sum(v) / len(v) for m, v in sorted(minutes.items())},
         "held_out_before": before.mean,
         "held_out_after": after.mean,
         "held_out_tasks": after.tasks,
@@ -342,14 +342,24 @@ def plot(dirs: list[str], png: str) -> None:
         ys.append(ys[-1])
         n_prom = sum(1 for x in s["decisions"] if x["decision"] == "promote")
         n_roll = sum(1 for x in s["decisions"] if x["decision"] == "rollback")
-        top.step(xs, ys, where="post", color=c, label=f"{s['scenario']}: served policy "
-                 f"({n_prom} promoted, {n_roll} rolled back)")
+        top.step(
+            xs,
+            ys,
+            where="post",
+            color=c,
+            label=f"{s['scenario']}: served policy ({n_prom} promoted, {n_roll} rolled back)",
+        )
         rx = [max(x["t_s"], 0) / 60 for x in s["decisions"] if x["decision"] == "rollback"]
         ry = [x["candidate_score"] for x in s["decisions"] if x["decision"] == "rollback"]
         top.scatter(rx, ry, marker="x", color=c, alpha=0.6, s=22)
         m = s["honest_reward_by_minute"]
-        bottom.plot([int(k) + 0.5 for k in m], list(m.values()), marker="o", color=c,
-                    label=f"{s['scenario']}: what users got (honest score)")
+        bottom.plot(
+            [int(k) + 0.5 for k in m],
+            list(m.values()),
+            marker="o",
+            color=c,
+            label=f"{s['scenario']}: what users got (honest score)",
+        )
     top.set_ylabel("gate reward (32 held-out, greedy)")
     top.set_title("boltrl serve: served policy over wall time (x: rejected candidates)")
     top.grid(alpha=0.3)
