@@ -6,6 +6,12 @@ and per-row position ids make a padded row compute what it would compute alone (
 float noise). Rows that finish leave the batch (their cache rows are dropped); requests
 that arrive meanwhile are prefilled and join it between steps (continuous batching).
 
+Prompts are computed once per loop: rows with the same prompt ids (the samples of a GRPO
+group, arriving together or one by one) share one prefill; its keys, values and last
+logits are copied into each row's own cache row, so every row then decodes on its own.
+On a CPU the prefill of 64 demo prompts (~47 tokens each) was over half of a step's
+generation time, and 8 of them are distinct (benchmarks/README.md, Training).
+
 Logprobs: for ``temperature > 0`` each recorded logprob is ``log_softmax(logits / T)`` at
 the sampled id over the full vocabulary, i.e. the temperature-scaled distribution *before*
 top-p truncation (what a trainer recomputes from the same logits; with ``top_p = 1`` it is
@@ -16,6 +22,7 @@ exactly the sampling distribution). For ``temperature == 0`` (greedy) it is
 from __future__ import annotations
 
 import inspect
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -183,6 +190,23 @@ def _trim(batch: _Batch) -> None:
         batch.mask = batch.mask[:, first:]
 
 
+_PROMPT_CACHE_POSITIONS = 8192
+"""Most prompt positions a loop keeps computed for later rows with the same prompt (for
+SmolLM2-135M in float32, 46 KB of keys and values per position)."""
+
+
+@dataclass(eq=False)
+class _Prompt:
+    """One prompt's prefill, shared by every row of a loop with the same prompt ids."""
+
+    keys: list[torch.Tensor]
+    """Per layer, [1, kv_heads, length, head_dim] (after RoPE, positions from 0)."""
+    values: list[torch.Tensor]
+    logits: torch.Tensor
+    """[V] float32: the logits that predict the first reply token."""
+    length: int
+
+
 class Sampler:
     """Runs rows through one model until all are done, admitting newcomers between steps.
 
@@ -216,8 +240,12 @@ class Sampler:
         self.device = next(model.parameters()).device
         self.cache_arg = _cache_argument(model)
         self.stats = stats if stats is not None else {}
-        """Counters updated live: ``steps`` (forward passes, prefills included) and
-        ``row_steps`` (rows carried, summed over passes)."""
+        """Counters updated live: ``steps`` (forward passes, prefills included),
+        ``row_steps`` (rows carried, summed over passes) and ``prefill_tokens`` (prompt
+        positions computed: a prompt shared by several rows counts once)."""
+        self._prompts: OrderedDict[tuple[int, ...], _Prompt] = OrderedDict()
+        """Prompts computed in this loop (one policy), for later rows with the same ids."""
+        self._prompt_positions = 0
 
     def _forward(self, cache: Any, **kwargs: Any) -> torch.Tensor:
         self.stats["steps"] = self.stats.get("steps", 0) + 1
@@ -226,22 +254,98 @@ class Sampler:
         return _forward(self.model, self.cache_arg, cache, **kwargs)
 
     def _prefill(self, rows: list[Row]) -> tuple[_Batch, torch.Tensor]:
-        """Left-padded prefill of ``rows``; returns the batch and its next logits [b, V]."""
+        """The batch of ``rows`` after their prompts, and its next logits [b, V].
+
+        Each distinct prompt is computed once: rows with the same prompt ids (a GRPO
+        group's samples, a prompt seen earlier in this loop) share its keys and values,
+        copied into their own cache rows, and its last logits."""
         from transformers import DynamicCache
 
-        width = max(len(r.prompt_ids) for r in rows)
-        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)  # [b, L]
-        mask = torch.zeros((len(rows), width), dtype=torch.long)  # [b, L], 0 = padding
-        for i, r in enumerate(rows):
-            input_ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-            mask[i, width - len(r.prompt_ids) :] = 1
-        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, L], real tokens count from 0
         cache = DynamicCache(config=self.model.config)
+        if not _mergeable(cache):  # layers we cannot rebuild: one padded pass over all rows
+            prompts = self._compute([r.prompt_ids for r in rows], cache, keep=False)
+            return self._assemble(rows, prompts, cache, built=True)
+        keys = [tuple(r.prompt_ids) for r in rows]
+        new = [k for k in dict.fromkeys(keys) if k not in self._prompts]
+        fresh = dict(zip(new, self._compute([list(k) for k in new]), strict=True)) if new else {}
+        entries = [fresh[k] if k in fresh else self._prompts[k] for k in keys]
+        self._remember(fresh)
+        return self._assemble(rows, entries, cache)
+
+    def _compute(
+        self, prompts: list[list[int]], cache: Any = None, *, keep: bool = True
+    ) -> list[_Prompt]:
+        """One left-padded pass over ``prompts`` (into ``cache`` when given); each one's
+        logits, and with ``keep`` its keys and values (views of the pass's cache)."""
+        from transformers import DynamicCache
+
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)  # [n, L]
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [n, L], 0 = padding
+        for i, p in enumerate(prompts):
+            input_ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [n, L], real tokens count from 0
+        if cache is None:
+            cache = DynamicCache(config=self.model.config)
+        self.stats["prefill_tokens"] = self.stats.get("prefill_tokens", 0) + sum(map(len, prompts))
         logits = self._forward(
             cache, input_ids=input_ids, attention_mask=mask, position_ids=positions
         )
-        return _Batch(list(rows), cache, mask, positions[:, -1] + 1), logits
+        layers = list(cache.layers) if keep else []
+        out = []
+        for i, p in enumerate(prompts):
+            start = width - len(p)
+            out.append(
+                _Prompt(
+                    [layer.keys[i : i + 1, :, start:] for layer in layers],
+                    [layer.values[i : i + 1, :, start:] for layer in layers],
+                    logits[i],
+                    len(p),
+                )
+            )
+        return out
+
+    def _remember(self, fresh: dict[tuple[int, ...], _Prompt]) -> None:
+        """Keep new prompts for later rows, oldest forgotten past the position budget."""
+        for key, prompt in fresh.items():
+            if prompt.length > _PROMPT_CACHE_POSITIONS:
+                continue
+            self._prompts[key] = prompt
+            self._prompt_positions += prompt.length
+        while self._prompt_positions > _PROMPT_CACHE_POSITIONS:
+            _, old = self._prompts.popitem(last=False)
+            self._prompt_positions -= old.length
+
+    def _assemble(
+        self, rows: list[Row], entries: list[_Prompt], cache: Any, *, built: bool = False
+    ) -> tuple[_Batch, torch.Tensor]:
+        """The batch whose row i continues ``entries[i]``; ``built``: ``cache`` already
+        holds exactly these rows (the pass that computed them)."""
+        width = max(e.length for e in entries)
+        if built:
+            logits = torch.stack([e.logits for e in entries])
+        else:
+            distinct = list(dict.fromkeys(entries))  # _Prompt hashes by identity
+            spread = distinct != entries  # then row i takes distinct[select[i]]
+            index = {id(e): i for i, e in enumerate(distinct)}
+            select = torch.tensor([index[id(e)] for e in entries], device=self.device)
+            for li, layer in enumerate(cache.layers):
+                parts = [(e.keys[li], e.values[li], width - e.length) for e in distinct]
+                keys = torch.cat([_left_pad(k, pad, 2) for k, _, pad in parts])  # [n, h, S, d]
+                values = torch.cat([_left_pad(v, pad, 2) for _, v, pad in parts])
+                if spread:
+                    keys, values = keys.index_select(0, select), values.index_select(0, select)
+                layer.update(keys, values)
+            logits = torch.stack([e.logits for e in distinct])  # [n, V]
+            if spread:
+                logits = logits.index_select(0, select)
+        mask = torch.zeros((len(rows), width), dtype=torch.long, device=self.device)  # [b, S]
+        for i, e in enumerate(entries):
+            mask[i, width - e.length :] = 1
+        next_pos = torch.tensor([e.length for e in entries], device=self.device)  # [b]
+        return _Batch(list(rows), cache, mask, next_pos), logits
 
     def _advance(self, batch: _Batch, logits: torch.Tensor) -> None:
         """Sample one token per row, finish the rows that stop, drop them from the batch."""

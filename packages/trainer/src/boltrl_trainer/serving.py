@@ -9,7 +9,9 @@ Threads: one worker thread owns generation, so the asyncio loop that awaits ``ge
 stays free. Requests that arrive within ``batch_window_s`` of each other (up to
 ``max_batch``) start one sampling loop together; a request that arrives while a loop runs
 joins it at the next step when a slot is free (continuous batching). Each reply is
-returned as soon as its own row stops.
+returned as soon as its own row stops. Within a loop, requests with the same prompt share
+one prefill, and a LoRA model samples through merged weights (``_lora_merge``: the model's
+own tensors untouched), one matmul per adapted layer.
 
 Token truth (what each ``Generation`` records):
 
@@ -150,7 +152,16 @@ class TransformersBackend:
         self._start_lock = threading.Lock()
         self._generator: torch.Generator | None = None
         self._stats = dict.fromkeys(
-            ("batches", "requests", "prompt_tokens", "completion_tokens", "steps", "row_steps"), 0
+            (
+                "batches",
+                "requests",
+                "prompt_tokens",
+                "prefill_tokens",
+                "completion_tokens",
+                "steps",
+                "row_steps",
+            ),
+            0,
         )
         self._pause_requests = 0  # threads waiting in paused(): admit no newcomers meanwhile
         self._pause_count_lock = threading.Lock()
@@ -267,9 +278,10 @@ class TransformersBackend:
 
     def stats(self) -> dict[str, int]:
         """Counters since start: ``batches`` (sampling loops started), ``requests``,
-        ``prompt_tokens``, ``completion_tokens``, ``steps`` (forward passes) and
-        ``row_steps`` (rows carried, summed over steps: ``row_steps / steps`` is the mean
-        batch occupancy)."""
+        ``prompt_tokens``, ``prefill_tokens`` (prompt positions the model computed: rows
+        of one loop with the same prompt share one computation), ``completion_tokens``,
+        ``steps`` (forward passes) and ``row_steps`` (rows carried, summed over steps:
+        ``row_steps / steps`` is the mean batch occupancy)."""
         return dict(self._stats)
 
     def set_policy_version(self, version: int) -> None:
@@ -432,6 +444,7 @@ class TransformersBackend:
         """Generate for ``jobs`` and for whatever arrives while they run, under the lock."""
         import torch
 
+        from boltrl_trainer._lora_merge import merged_lora
         from boltrl_trainer._sampling import Sampler
 
         with self._lock:
@@ -482,7 +495,10 @@ class TransformersBackend:
             was_training = model.training
             model.eval()
             try:
-                sampler.run(rows, lambda free: self._admit(free, context, owners), self.max_batch)
+                with merged_lora(model):  # one matmul per adapted layer while sampling
+                    sampler.run(
+                        rows, lambda free: self._admit(free, context, owners), self.max_batch
+                    )
             except Exception as e:
                 log.exception("generation failed")
                 for job in owners.values():
