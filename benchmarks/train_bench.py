@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -50,6 +51,7 @@ def main() -> None:
         "out_dir": str(out),
         "progress": False,
     }
+    print(f"load average at the start {os.getloadavg()[0]:.2f}", flush=True)
     t0 = time.perf_counter()
     reporter = ConsoleReporter(progress=False)  # the per-step lines, as boltrl train prints
     Trainer(load_config(data=data), run_name="train-bench", reporter=reporter).run()
@@ -62,26 +64,33 @@ def main() -> None:
         f"{len(steps)} steps, {total:.0f}s in all (model load included)\n"
     )
     print(
-        f"{'step':>4} {'wall s':>8} {'generation':>11} {'update':>8} {'overhead':>9} "
-        f"{'overhead %':>10}"
+        f"{'step':>4} {'wall s':>8} {'generation':>11} {'tokens/s':>9} {'update':>8} "
+        f"{'overhead':>9} {'overhead %':>10}"
     )
+    total_tokens = 0
     for r in steps:
         s = r["time/step_s"]
+        tokens = r["throughput/completion_tokens_total"] - total_tokens  # this step's
+        total_tokens = r["throughput/completion_tokens_total"]
+        r["generated_tokens_per_s"] = tokens / max(r["time/generation_s"], 1e-9)
         print(
             f"{r['step']:>4} {s:>8.2f} {r['time/generation_s']:>11.2f} "
-            f"{r['time/update_s']:>8.2f} {r['time/overhead_s']:>9.2f} "
-            f"{100 * r['time/overhead_s'] / s:>9.1f}%"
+            f"{r['generated_tokens_per_s']:>9.1f} {r['time/update_s']:>8.2f} "
+            f"{r['time/overhead_s']:>9.2f} {100 * r['time/overhead_s'] / s:>9.1f}%"
         )
     rest = steps[1:] or steps
     med = {
         k: statistics.median(r[k] for r in rest)
         for k in ("time/step_s", "time/generation_s", "time/update_s", "time/overhead_s")
     }
+    tps = statistics.median(r["generated_tokens_per_s"] for r in rest)
     print(
-        f"\nmedian (steps 2+): step {med['time/step_s']:.2f}s = generation "
+        f"\nmedian (steps 2+): {tps:.1f} generated tokens/s; step {med['time/step_s']:.2f}s = "
+        f"generation "
         f"{med['time/generation_s']:.2f}s + update {med['time/update_s']:.2f}s + overhead "
         f"{med['time/overhead_s']:.2f}s ({100 * med['time/overhead_s'] / med['time/step_s']:.1f}%)"
     )
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":
