@@ -255,6 +255,9 @@ def main() -> int:
         default=None,
         help="rewrite the README section (default: for full --peer runs)",
     )
+    p.add_argument(
+        "--trl-steps", type=int, help="training steps of each trl run (default: 12, --quick 1)"
+    )
     p.add_argument("--json", type=Path, help="also write rows and notes to this file")
     p.add_argument("--peer-venv", type=Path, default=procs.BENCHMARKS / ".peer-venv")
     p.add_argument("--trl-venv", type=Path, default=trl_workload.TRL_VENV)
@@ -283,6 +286,8 @@ def main() -> int:
     trl_sizes = trl_workload.TRL_QUICK if args.quick else trl_workload.TRL_FULL
     if args.rounds:
         trl_sizes = trl_workload.TrlSizes(**{**vars(trl_sizes), "rounds": args.rounds})
+    if args.trl_steps:
+        trl_sizes = trl_workload.TrlSizes(**{**vars(trl_sizes), "steps": args.trl_steps})
 
     t0, load0 = time.monotonic(), os.getloadavg()[0]
     logs = Path(tempfile.mkdtemp(prefix="boltrl-side-by-side-"))
@@ -318,6 +323,7 @@ def main() -> int:
         + (" --quick" if args.quick else "")
         + (f" --rounds {args.rounds}" if args.rounds else "")
     )
+    trl_cmd = cmd + (f" --trl-steps {args.trl_steps}" if args.trl_steps else "")
     write = args.readme or (args.readme is None and args.peer and not args.quick)
     if rows:
         text = section(rows, reports, meta, "uv run python " + cmd)
@@ -327,7 +333,7 @@ def main() -> int:
             write_readme(text)
             print(f"\nwrote the section of {README}")
     if trl_report is not None:
-        trl_cmd = "uv run python " + cmd + " --workloads trl"
+        trl_cmd = "uv run python " + trl_cmd + " --workloads trl"
         text = trl_section(trl_report, meta, trl_cmd)
         print()
         print(text)
