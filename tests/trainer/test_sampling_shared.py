@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -130,6 +131,31 @@ def test_lora_model_samples_through_merged_weights(tiny_model_path: Path) -> Non
     for n, p in model.named_parameters():
         tensor, value, grad = before[n]
         assert p is tensor and p.requires_grad == grad and torch.equal(p, value), n
+
+
+def test_merge_leaves_training_and_other_threads_on_the_adapters(tiny_model_path: Path) -> None:
+    """Inside the block, a forward with grad on (a training step) or from another thread
+    runs the adapters' own path: gradients reach LoRA, outputs are bitwise unmerged."""
+    model, _ = _lora_model(tiny_model_path)
+    x = torch.randint(0, 1000, (2, 7))
+    with torch.no_grad():
+        plain = model(x).logits
+    seen: list[torch.Tensor] = []
+    with merged_lora(model) as merged:
+        assert merged > 0
+        model(x).logits.float().pow(2).mean().backward()
+        worker = threading.Thread(target=lambda: seen.append(_no_grad_logits(model, x)))
+        worker.start()
+        worker.join()
+    grads = [p.grad for n, p in model.named_parameters() if "lora_" in n]
+    assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
+    assert torch.equal(seen[0], plain)
+
+
+def _no_grad_logits(model: Any, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        out: torch.Tensor = model(x).logits
+        return out
 
 
 def test_merge_skips_a_model_in_training_mode(tiny_model_path: Path) -> None:

@@ -20,14 +20,12 @@ mode. Any other layer keeps its own forward (correct, just not faster).
 
 from __future__ import annotations
 
-import logging
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
-
-log = logging.getLogger(__name__)
 
 
 def _mergeable_adapters(layer: Any) -> list[str] | None:
@@ -51,8 +49,17 @@ def _mergeable_adapters(layer: Any) -> list[str] | None:
     return adapters
 
 
-def _merged_forward(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+def _merged_forward(layer: Any, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+    own = type(layer).forward
+    thread = threading.get_ident()
+
     def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        # Only the thread that merged, without grad, takes the merged path: a training
+        # step (grad on) or any other thread running the model meanwhile keeps the
+        # adapters' own forward, so a shared model never trains through a frozen copy.
+        if threading.get_ident() != thread or torch.is_grad_enabled():
+            out: torch.Tensor = own(layer, x, *args, **kwargs)
+            return out
         return torch.nn.functional.linear(x, weight, bias)
 
     return forward
@@ -72,9 +79,10 @@ def _plus_delta(layer: Any, adapter: str, weight: torch.Tensor) -> torch.Tensor:
 def merged_lora(model: Any) -> Iterator[int]:
     """Run ``model``'s eligible LoRA layers merged inside the block; yields how many.
 
-    Not for training (no gradient reaches the adapters inside the block). The caller
-    must keep the weights from changing while the block runs (the backend holds its
-    lock, which ``paused()`` waits for); a model without LoRA passes through unchanged.
+    The merged path serves forward passes of the calling thread with grad disabled;
+    anything else (a training step, another thread) gets the layers' own forward. The
+    caller must keep the weights from changing while the block runs (the backend holds
+    its lock, which ``paused()`` waits for); a model without LoRA passes through.
     """
     patched: list[Any] = []
     try:
@@ -87,7 +95,7 @@ def merged_lora(model: Any) -> Iterator[int]:
                 weight = base.weight.detach()
                 for a in adapters:
                     weight = _plus_delta(module, a, weight)
-                module.forward = _merged_forward(weight, base.bias)
+                module.forward = _merged_forward(module, weight, base.bias)
                 patched.append(module)
         yield len(patched)
     finally:
