@@ -239,15 +239,36 @@ def test_a_stale_batch_recomputes_proximal_logprobs_before_the_step(tiny: Any) -
     x = b._tensors(mixed, batch.advantages)
     with torch.no_grad():
         recomputed = b._logprobs(x, 1.0)
-    prox = a._proximal(x, [True, True, False, False], batch)
+    prox = a._proximal(x, [True, True, False, False], batch, None)  # a separate pass
     assert torch.equal(prox[:2], recomputed[:2])  # stale rows: the weights before the step
     assert torch.equal(prox[2:], x["old"][2:])  # fresh rows: behaviour as proximal
     m = a.update(batch)
     expected = _reference_step(b, batch, prox=prox)
     got = _trainable(a.model)
     assert all(torch.allclose(got[k], expected[k], atol=1e-7) for k in expected)
-    assert m["offpolicy/stale_frac"] == 0.5 and m["time/proximal_s"] > 0
+    # no dropout: epoch 0's own forward gave the proximal logprobs, no extra pass
+    assert m["offpolicy/stale_frac"] == 0.5 and m["update/proximal_passes"] == 0
     # the policy moved at step 0 (lr 0.05), so the stale rows' weights are not all 1
     assert m["offpolicy/is_weight_std"] > 1e-4
     assert 0.0 <= m["offpolicy/truncated_frac"] <= 1.0
     assert a.policy_version == 2
+
+
+def test_with_dropout_the_proximal_logprobs_take_a_separate_eval_pass() -> None:
+    # a noisy training forward cannot stand for the proximal policy: one no-grad pass in
+    # eval mode per stale micro-batch, giving the dropout-free logprobs
+    torch.manual_seed(0)
+    model, _ = load_model(str(tiny_model()))
+    model = apply_lora(model, LoraConfig(r=4, alpha=8, dropout=0.3))
+    model.train(False)
+    tb = TorchTrainingBackend(model, make_config("grpo"), OptimConfig(), pad_id=0, version=1)
+    trans = _sampled(tb, version=0)
+    batch = TrainBatch(trans, [1.0, -1.0, 1.0, -1.0], 1, 1.0)
+    x = tb._tensors(trans, batch.advantages)
+    with torch.no_grad():
+        clean = tb._logprobs(x, 1.0)
+    tb.model.train()
+    assert torch.equal(tb._proximal(x, [True] * 4, batch, None), clean)
+    assert tb.model.training  # the pass restores the mode it found
+    m = tb.update(batch)
+    assert m["update/proximal_passes"] == 1.0 and m["offpolicy/stale_frac"] == 1.0

@@ -5,7 +5,8 @@ Three policies meet in an off-policy update (decoupled PPO, as AReaL: Fu et al. 
 - the **behaviour** policy ``pi_b``: the weights that sampled a token; the gateway
   recorded its logprob and ``policy_version`` with every call;
 - the **proximal** policy ``pi_prox``: the trainer's weights at the start of this update
-  (logprobs recomputed without grad before the first optimizer step);
+  (their logprobs, without grad, before the first optimizer step: the torch backend
+  reuses its first epoch's forward pass, which runs exactly those weights);
 - the current policy ``pi_theta`` being optimized.
 
 The loss (``algorithms.policy_loss`` with ``prox_logprobs``) clips the ratio

@@ -14,9 +14,12 @@ SmolLM2-135M in float32), on top of AdamW's two moments that either mode holds.
 
 Samples of older policy versions (``Transition.policy_version`` below the backend's
 version) are trained with decoupled PPO (``boltrl_trainer.offpolicy``): the proximal
-logprobs are recomputed without grad at the start of the update, only for micro-batches
+logprobs are those of the weights at the start of the update, taken for micro-batches
 that hold a stale sample, and only its stale rows use them; fresh rows use the recorded
 behaviour logprobs, so an all-fresh batch costs and computes exactly what it always did.
+They cost no extra forward pass: the first epoch's forward runs exactly those weights
+(the optimizer steps once per epoch), so its detached logprobs are reused; only a model
+with active dropout gets a separate no-grad pass in eval mode (``_proximal``).
 Everything before the update (rollouts, credit assignment, advantages) is shared by all
 backends.
 """
@@ -230,7 +233,8 @@ class TorchTrainingBackend:
         stale = [staleness_of(t, self._version) > 0 for t in items]
         prox_cache: dict[int, torch.Tensor] = {}  # computed in epoch 0: the proximal weights
         is_sums = dict.fromkeys(("n", "w", "w2", "max", "trunc"), 0.0)
-        t_prox = 0.0
+        t_prox, passes = 0.0, 0
+        noisy = any(stale) and _dropout_active(self.model)
         self.model.train()
         sums: dict[str, float] = {}
         weight_total = 0.0
@@ -239,14 +243,16 @@ class TorchTrainingBackend:
             self.optimizer.zero_grad(set_to_none=True)
             for j, mb in enumerate(micro):
                 x = self._tensors([items[i] for i in mb], [batch.advantages[i] for i in mb])
+                new = self._logprobs(x, batch.temperature)
                 prox = None
                 if any(stale[i] for i in mb):
-                    if j not in prox_cache:
+                    if j not in prox_cache:  # epoch 0: the weights are the proximal ones
                         t1 = time.perf_counter()
-                        prox_cache[j] = self._proximal(x, [stale[i] for i in mb], batch)
+                        first = None if noisy else new
+                        passes += first is None
+                        prox_cache[j] = self._proximal(x, [stale[i] for i in mb], batch, first)
                         t_prox += time.perf_counter() - t1
                     prox = prox_cache[j]
-                new = self._logprobs(x, batch.temperature)
                 ref = None
                 if self._use_ref:
                     with torch.no_grad(), self.model.disable_adapter():
@@ -291,21 +297,37 @@ class TorchTrainingBackend:
         if is_sums["n"] > 0:
             metrics.update(_is_metrics(is_sums))
             metrics["time/proximal_s"] = t_prox
+            metrics["update/proximal_passes"] = float(passes)  # separate forwards (dropout)
         metrics["time/update_s"] = time.perf_counter() - t0
         return metrics
 
-    def _proximal(self, x: dict[str, Any], stale: list[bool], batch: TrainBatch) -> torch.Tensor:
-        """``[B, A]`` proximal logprobs: recomputed (no grad, the weights before this
-        update) for stale rows, the recorded behaviour ones for fresh rows."""
+    def _proximal(
+        self,
+        x: dict[str, Any],
+        stale: list[bool],
+        batch: TrainBatch,
+        first_pass: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """``[B, A]`` proximal logprobs: the weights before this update for stale rows,
+        the recorded behaviour ones for fresh rows.
+
+        ``first_pass`` is epoch 0's own forward pass: the optimizer steps once per epoch,
+        after every micro-batch, so that pass runs exactly the weights at the start of the
+        update and its detached logprobs *are* the proximal ones, at no extra cost. None
+        (a model whose training forward is noisy: active dropout) runs a separate no-grad
+        forward in eval mode."""
         import torch
 
-        was_training = self.model.training
-        self.model.train(False)  # the policy as it samples, without dropout noise
-        try:
-            with torch.no_grad():
-                recomputed = self._logprobs(x, batch.temperature)
-        finally:
-            self.model.train(was_training)
+        if first_pass is not None:
+            recomputed = first_pass.detach()
+        else:
+            was_training = self.model.training
+            self.model.train(False)  # the policy as it samples, without dropout noise
+            try:
+                with torch.no_grad():
+                    recomputed = self._logprobs(x, batch.temperature)
+            finally:
+                self.model.train(was_training)
         rows = torch.tensor(stale, dtype=torch.bool, device=self.device)[:, None]
         return torch.where(rows, recomputed, x["old"])
 
@@ -331,6 +353,19 @@ class TorchTrainingBackend:
 
     def close(self) -> None:
         """Nothing to release: the model belongs to its server too."""
+
+
+def _dropout_active(model: Any) -> bool:
+    """Whether ``model``'s training forward is stochastic: a dropout module with p > 0
+    (LoRA's ``lora_dropout`` among them) or a ``*dropout`` config value above 0."""
+    import torch
+
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg = getattr(base, "config", None)
+    values = vars(cfg).items() if cfg is not None else ()
+    return any(k.endswith("dropout") and isinstance(v, float) and v > 0 for k, v in values)
 
 
 def _copy_trainable(src: Any, dst: Any) -> None:
