@@ -134,3 +134,24 @@ def test_reset_needs_a_resettable_copy_and_shared_mode_promotes_in_place() -> No
             trainer.reset()
     finally:
         server.close()
+
+
+def test_the_copy_never_keeps_a_forward_patched_onto_the_served_layers() -> None:
+    from boltrl_trainer._lora_merge import merged_lora
+    from boltrl_trainer.update import training_copy
+
+    server, _ = _served(lora=True)
+    server.close()
+    model = server.model
+    with torch.no_grad(), merged_lora(model) as n:  # as while a sampling loop runs
+        assert n > 0
+        copy = training_copy(model)
+    assert not any("forward" in m.__dict__ for m in copy.modules())
+    # a training step on the copy moves the copy's adapters, not the served ones
+    served = _trainable(model)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    copy.train()
+    copy(input_ids=ids).logits.sum().backward()
+    assert all(p.grad is None for p in model.parameters() if p.requires_grad)
+    assert any(p.grad is not None for p in copy.parameters() if p.requires_grad)
+    assert _same(_trainable(model), served)

@@ -55,7 +55,13 @@ def training_copy(model: Any) -> Any:
     """A copy of ``model`` whose trainable parameters are its own and whose frozen ones
     are ``model``'s very tensors (shared, never written by training)."""
     memo: dict[int, Any] = {id(p): p for p in model.parameters() if not p.requires_grad}
-    return copy.deepcopy(model, memo)
+    out = copy.deepcopy(model, memo)
+    for module in out.modules():
+        # an instance ``forward`` (the server's merged-LoRA sampling patches one per layer
+        # while a loop runs) is a closure over the *served* layer: never let the copy
+        # train through it
+        module.__dict__.pop("forward", None)
+    return out
 
 
 class TorchTrainingBackend:
