@@ -338,7 +338,7 @@ def plot(dirs: list[str], png: str) -> None:
             score = x["candidate_score"] if x["decision"] == "promote" else x["served_score"]
             xs.append(max(x["t_s"], 0.0) / 60)
             ys.append(score)
-        xs.append(s["minutes"])
+        xs.append(max(s["minutes"], xs[-1]))  # the last round may end after the users
         ys.append(ys[-1])
         n_prom = sum(1 for x in s["decisions"] if x["decision"] == "promote")
         n_roll = sum(1 for x in s["decisions"] if x["decision"] == "rollback")
