@@ -10,8 +10,8 @@ stays free. Requests that arrive within ``batch_window_s`` of each other (up to
 ``max_batch``) start one sampling loop together; a request that arrives while a loop runs
 joins it at the next step when a slot is free (continuous batching). Each reply is
 returned as soon as its own row stops. Within a loop, requests with the same prompt share
-one prefill, and a LoRA model samples through merged weights (``_lora_merge``: the model's
-own tensors untouched), one matmul per adapted layer.
+one prefill, and on a CPU a LoRA model samples through merged weights (``_lora_merge``:
+the model's own tensors untouched), one matmul per adapted layer.
 
 Token truth (what each ``Generation`` records):
 
@@ -495,7 +495,10 @@ class TransformersBackend:
             was_training = model.training
             model.eval()
             try:
-                with merged_lora(model):  # one matmul per adapted layer while sampling
+                # CPU only: there the adapters' extra ops cost more than a copy of the
+                # adapted weights; an accelerator's memory is the scarcer resource
+                cpu = self._device().type == "cpu"
+                with merged_lora(model) if cpu else contextlib.nullcontext():
                     sampler.run(
                         rows, lambda free: self._admit(free, context, owners), self.max_batch
                     )
