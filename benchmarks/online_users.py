@@ -329,10 +329,11 @@ def plot(dirs: list[str], png: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), dpi=110, sharex=True)
-    colors = {"honest": "tab:blue", "adversarial": "tab:red"}
-    for d in dirs:
+    colors = ["tab:blue", "tab:red", "tab:cyan", "tab:orange", "tab:gray"]
+    for i, d in enumerate(dirs):
         s = json.loads((Path(d) / "summary.json").read_text())
-        c = colors.get(s["scenario"], "tab:gray")
+        c = colors[i % len(colors)]
+        name = f"{Path(d).name} (load {s['load_before'][0]:.1f})"
         xs, ys = [], []
         for x in s["decisions"]:
             score = x["candidate_score"] if x["decision"] == "promote" else x["served_score"]
@@ -347,7 +348,7 @@ def plot(dirs: list[str], png: str) -> None:
             ys,
             where="post",
             color=c,
-            label=f"{s['scenario']}: served policy ({n_prom} promoted, {n_roll} rolled back)",
+            label=f"{name}: served policy ({n_prom} promoted, {n_roll} rolled back)",
         )
         rx = [max(x["t_s"], 0) / 60 for x in s["decisions"] if x["decision"] == "rollback"]
         ry = [x["candidate_score"] for x in s["decisions"] if x["decision"] == "rollback"]
@@ -358,7 +359,7 @@ def plot(dirs: list[str], png: str) -> None:
             list(m.values()),
             marker="o",
             color=c,
-            label=f"{s['scenario']}: what users got (honest score)",
+            label=f"{name}: what users got (honest score)",
         )
     top.set_ylabel("gate reward (32 held-out, greedy)")
     top.set_title("boltrl serve: served policy over wall time (x: rejected candidates)")

@@ -32,7 +32,7 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -395,6 +395,4 @@ def _newest(kept: list[Transition], limit: int) -> tuple[list[Transition], int]:
 
 
 def _with(d: Decision, **changes: Any) -> Decision:
-    from dataclasses import replace
-
     return replace(d, **changes)
