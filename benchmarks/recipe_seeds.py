@@ -128,6 +128,13 @@ def main() -> None:
         action="store_true",
         help="validate the base model in the first seed only (greedy: the same for every seed)",
     )
+    ap.add_argument(
+        "--base",
+        type=float,
+        default=None,
+        help="the base model's held-out reward measured by an earlier run with the same "
+        "val settings; every seed then skips that validation",
+    )
     args = ap.parse_args()
     name = Path(args.config).resolve().parent.name
     out = Path(args.out or f"runs/recipe-{name}")
@@ -137,7 +144,7 @@ def main() -> None:
     print("|---:|---:|---:|---:|---:|---:|---|")
     results = []
     for s in args.seeds:
-        base = results[0]["base"] if args.base_once and results else None
+        base = results[0]["base"] if args.base_once and results else args.base
         r = run(args.config, s, out / f"seed-{s}", extra, out / f"seed-{s}.log", base)
         results.append(r)
         gain = None if r["rl"] is None or r["warm"] is None else r["rl"] - r["warm"]
