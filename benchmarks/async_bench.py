@@ -18,7 +18,7 @@ while the update trains a copy of the weights). For each arm it reports
 and, from the synchronous arm's split, the step time to expect when generation and the
 update run on separate devices (the GPU setting: max(generation, update) + the rest).
 
-    flock /work/exp/cpu.lock env OMP_NUM_THREADS=1 uv run python benchmarks/async_bench.py \\
+    OMP_NUM_THREADS=1 uv run python benchmarks/async_bench.py \\
         --png benchmarks/async_bench.png
     uv run python benchmarks/async_bench.py --quick      # tiny model, a minute: a smoke test
 """

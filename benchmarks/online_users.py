@@ -19,7 +19,7 @@ served policy's gate score over wall time is the curve. The final served policy 
 scored on 32 *other* held-out problems, before the users start and after they stop
 (the gate set is used for selection, so its own score is biased upward).
 
-    flock /work/exp/cpu.lock env OMP_NUM_THREADS=1 uv run python benchmarks/online_users.py \
+    OMP_NUM_THREADS=1 uv run python benchmarks/online_users.py \
         --scenario honest --minutes 9 --out runs/online/honest
     ... --scenario adversarial --out runs/online/adversarial
     uv run python benchmarks/online_users.py --plot runs/online/honest runs/online/adversarial \
