@@ -333,9 +333,9 @@ class TransformersBackend:
         if threads:
             # torch's thread count is per calling thread (an OpenMP setting), so this sets
             # generation's alone: decoding runs many tiny matmuls, and on a loaded machine
-            # every one of them waits for its slowest thread (measured under load 4:
-            # rag_agent's 24 greedy validations took 210 s at 2 threads, 50 s at 1), while
-            # the update's large matmuls still use every thread.
+            # every one of them waits for its slowest thread (rag_agent's 24 greedy
+            # validations: 210 s at 2 threads under load ~4, 50 s at 1 under load ~1),
+            # while the update's large matmuls still use every thread.
             import torch
 
             torch.set_num_threads(int(threads))
