@@ -12,8 +12,9 @@ samples are saved as the transitions of ``speed``.
 
 ``speed``: ``TorchTrainingBackend.update`` on those 64 transitions (GRPO advantages of
 their real rewards) at each token budget, float32 or under bf16 autocast, with glibc's
-malloc tuning on or off: seconds per update (median of 3 after a warm-up), trained
-tokens/s, peak RSS.
+malloc tuning on or off, and each distinct prompt computed once (the default: a group's
+8 samples share it, ``_shared_prompt``) or every row's prompt on its own (``--plain``):
+seconds per update (median of 3 after a warm-up), trained tokens/s, peak RSS.
 
     uv run python benchmarks/update_bench.py --budgets 512 1024 2048 4096
 """
@@ -185,6 +186,7 @@ def child_speed(spec: dict[str, Any]) -> dict[str, Any]:
 
     samples = json.loads(Path(spec["samples"]).read_text())
     _, _, trainer = _setup("float32", spec["budget"])
+    trainer._share_states = trainer._share_states and spec.get("shared", True)
     trans, adv = _transitions(samples)
     batch = TrainBatch(trans, adv, 0, 0.7)
     ctx = (
@@ -209,6 +211,7 @@ def child_speed(spec: dict[str, Any]) -> dict[str, Any]:
         "tokens_per_s": tokens / med,
         "padded_tokens_per_s": sum(len(t.state) + len(t.action) for t in trans) / med,
         "microbatches": m["update/microbatches"],
+        "shared_states": bool(m.get("update/shared_states", 0.0)),
         "peak_mb": max(peaks),
     }
 
@@ -239,6 +242,13 @@ def main() -> int:
         nargs="*",
         default=[1024],
         help="budgets also measured under bf16 autocast",
+    )
+    ap.add_argument(
+        "--plain",
+        type=int,
+        nargs="*",
+        default=[512, 2048],
+        help="budgets also measured with every row's prompt computed on its own",
     )
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--gen-rounds", type=int, default=2)
@@ -271,14 +281,16 @@ def main() -> int:
             r.pop("samples")
             report[f"gen_{dtype}"] = r
             print(dtype, json.dumps(r), f"load {os.getloadavg()[0]:.1f}", flush=True)
-    configs = [(b, False, True) for b in args.budgets]
-    configs += [(b, False, False) for b in args.untuned]
-    configs += [(b, True, True) for b in args.bf16]
+    configs = [(b, False, True, True) for b in args.budgets]
+    configs += [(b, False, True, False) for b in args.plain]
+    configs += [(b, False, False, True) for b in args.untuned]
+    configs += [(b, True, True, True) for b in args.bf16]
     report["speed"] = []
-    for budget, autocast, tuned in configs:
+    for budget, autocast, tuned, shared in configs:
         spec = {
             "kind": "speed",
             "budget": budget,
+            "shared": shared,
             "autocast": autocast,
             "repeat": args.repeat,
             "samples": str(samples),
@@ -297,12 +309,13 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     print(
-        "\n| token budget | dtype | malloc tuning | micro-batches | s / update | trained tok/s "
-        "| peak MB | load |\n|---:|---|---|---:|---:|---:|---:|---:|"
+        "\n| token budget | prompts | dtype | malloc tuning | micro-batches | s / update "
+        "| trained tok/s | peak MB | load |\n|---:|---|---|---|---:|---:|---:|---:|---:|"
     )
     for r in report["speed"]:
         print(
-            f"| {r['budget']} | {'bf16 autocast' if r['autocast_bf16'] else 'fp32'} | "
+            f"| {r['budget']} | {'once per group' if r['shared_states'] else 'per row'} | "
+            f"{'bf16 autocast' if r['autocast_bf16'] else 'fp32'} | "
             f"{'on' if r['malloc_tuning'] else 'off'} | {r['microbatches']:.0f} | "
             f"{r['seconds']:.1f} | {r['tokens_per_s']:.0f} | {r['peak_mb']:,.0f} | "
             f"{r['load']:.1f} |"

@@ -15,7 +15,13 @@ from boltrl.records import Transition
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["entropy_from_logits", "index_rollouts", "pack_microbatches", "token_logprobs"]
+__all__ = [
+    "entropy_from_logits",
+    "index_rollouts",
+    "pack_microbatches",
+    "pack_shared_microbatches",
+    "token_logprobs",
+]
 
 
 def token_logprobs(
@@ -88,4 +94,43 @@ def pack_microbatches(
         else:
             batches.append([i])
             longest = lengths[i]
+    return batches
+
+
+def pack_shared_microbatches(items: Sequence[Transition], max_tokens: int) -> list[list[int]]:
+    """Like ``pack_microbatches`` for a forward pass that computes each distinct state
+    once (``boltrl_trainer._shared_prompt``): a micro-batch costs
+    ``distinct states * longest state + rows * longest action`` padded positions.
+
+    Rows with the same state (a GRPO group's samples of one prompt) are kept together, and
+    whole groups are taken longest state first, so a group is split across micro-batches
+    only when it alone exceeds ``max_tokens`` (then each part pays the state once). A row
+    whose state plus action exceeds ``max_tokens`` gets a micro-batch of its own. Every
+    index appears once.
+    """
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise InvalidInput(f"max_tokens: must be a positive integer (got {max_tokens!r})")
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, t in enumerate(items):
+        groups.setdefault(tuple(t.state), []).append(i)
+    ordered = sorted(groups.items(), key=lambda kv: -len(kv[0]))
+    batches: list[list[int]] = []
+    # per open micro-batch: distinct states, longest state, rows, longest action
+    d = p = b = a = 0
+    for state, rows in ordered:
+        rows = sorted(rows, key=lambda i: -len(items[i].action))
+        s_len, a_max = len(state), len(items[rows[0]].action)
+        whole = (d + 1) * max(p, s_len) + (b + len(rows)) * max(a, a_max)
+        if batches and whole > max_tokens:  # the group does not fit whole: start afresh
+            d = p = b = a = 0
+        for i in rows:
+            na = len(items[i].action)
+            dd = d + (b == 0 or i == rows[0])
+            cost = dd * max(p, s_len) + (b + 1) * max(a, na)
+            if b > 0 and cost <= max_tokens:
+                batches[-1].append(i)
+                d, p, b, a = dd, max(p, s_len), b + 1, max(a, na)
+            else:
+                batches.append([i])
+                d, p, b, a = 1, s_len, 1, na
     return batches

@@ -35,8 +35,14 @@ from typing import TYPE_CHECKING, Any
 
 from boltrl.errors import InvalidInput
 from boltrl.records import Transition
+from boltrl_trainer import _shared_prompt
 from boltrl_trainer.algorithms import AlgorithmConfig, policy_loss
-from boltrl_trainer.batching import index_rollouts, pack_microbatches, token_logprobs
+from boltrl_trainer.batching import (
+    index_rollouts,
+    pack_microbatches,
+    pack_shared_microbatches,
+    token_logprobs,
+)
 from boltrl_trainer.config import OptimConfig
 from boltrl_trainer.offpolicy import staleness_of
 from boltrl_trainer.seams import TrainBatch
@@ -102,6 +108,8 @@ class TorchTrainingBackend:
         )
         self.device = next(model.parameters()).device
         self._use_ref = algo.kl_coef > 0
+        self._share_states = _shared_prompt.usable(model)
+        """Whether rows with equal states may share one computation of it (``update``)."""
         log.info("torch backend: %d trainable params", sum(p.numel() for p in self.params))
 
     @property
@@ -170,19 +178,38 @@ class TorchTrainingBackend:
         self.optimizer.load_state_dict(copy.deepcopy(self._snapshot))
         self._version = self._served_version
 
-    def _tensors(self, items: Sequence[Transition], advantages: Sequence[float]) -> dict[str, Any]:
-        """Right-padded ``[B, S]`` inputs and ``[B, A]`` action-aligned tensors."""
+    def _tensors(
+        self, items: Sequence[Transition], advantages: Sequence[float], *, shared: bool = False
+    ) -> dict[str, Any]:
+        """``[B, A]`` action-aligned tensors and the inputs of the forward pass: right-padded
+        ``[B, S]`` ids, or with ``shared`` the two-pass inputs of ``_shared_prompt`` (each
+        distinct state once) under ``"shared"``."""
         import torch
 
-        seqs = [t.state + t.action for t in items]
-        s_len = max(len(s) for s in seqs)
         a_len = max(len(t.action) for t in items)
-        ids = torch.full((len(items), s_len), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(items), s_len), dtype=torch.long)
-        pos = torch.zeros((len(items), a_len), dtype=torch.long)  # logit row per action token
         targets = torch.zeros((len(items), a_len), dtype=torch.long)
         old = torch.zeros((len(items), a_len), dtype=torch.float32)
         mask = torch.zeros((len(items), a_len), dtype=torch.float32)
+        for i, t in enumerate(items):
+            a = len(t.action)
+            targets[i, :a] = torch.tensor(t.action)
+            old[i, :a] = torch.tensor(t.action_logprobs)
+            mask[i, :a] = torch.tensor(t.action_mask, dtype=torch.float32)
+        dev = self.device
+        out: dict[str, Any] = {
+            "targets": targets.to(dev),
+            "old": old.to(dev),
+            "mask": mask.to(dev),
+            "adv": torch.tensor(list(advantages), dtype=torch.float32, device=dev),
+        }
+        if shared:
+            out["shared"] = _shared_prompt.shared_inputs(items, self.pad_id, dev)
+            return out
+        seqs = [t.state + t.action for t in items]
+        s_len = max(len(s) for s in seqs)
+        ids = torch.full((len(items), s_len), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(items), s_len), dtype=torch.long)
+        pos = torch.zeros((len(items), a_len), dtype=torch.long)  # logit row per action token
         for i, t in enumerate(items):
             n, a = len(seqs[i]), len(t.action)
             ids[i, :n] = torch.tensor(seqs[i])
@@ -190,19 +217,8 @@ class TorchTrainingBackend:
             # the logits at position p predict token p+1: action token j sits at
             # len(state)+j and is predicted by position len(state)+j-1
             pos[i, :a] = torch.arange(len(t.state) - 1, len(t.state) - 1 + a)
-            targets[i, :a] = torch.tensor(t.action)
-            old[i, :a] = torch.tensor(t.action_logprobs)
-            mask[i, :a] = torch.tensor(t.action_mask, dtype=torch.float32)
-        dev = self.device
-        return {
-            "ids": ids.to(dev),
-            "attn": attn.to(dev),
-            "pos": pos.to(dev),
-            "targets": targets.to(dev),
-            "old": old.to(dev),
-            "mask": mask.to(dev),
-            "adv": torch.tensor(list(advantages), dtype=torch.float32, device=dev),
-        }
+        out.update(ids=ids.to(dev), attn=attn.to(dev), pos=pos.to(dev))
+        return out
 
     def _logprobs(self, x: dict[str, Any], temperature: float) -> torch.Tensor:
         # Run the decoder, then the LM head only where an action token is predicted: the
@@ -218,7 +234,14 @@ class TorchTrainingBackend:
             v = logits.shape[-1]
             picked_logits = logits.gather(1, x["pos"][:, :, None].expand(-1, -1, v))
             return token_logprobs(picked_logits, x["targets"], temperature)
-        decoder, head = base.get_decoder(), base.get_output_embeddings()
+        head = base.get_output_embeddings()
+        if "shared" in x:
+            return token_logprobs(
+                head(_shared_prompt.action_hidden(self.model, x["shared"])),
+                x["targets"],
+                temperature,
+            )
+        decoder = base.get_decoder()
         hidden = decoder(input_ids=x["ids"], attention_mask=x["attn"], use_cache=False)
         h = hidden.last_hidden_state  # [B, S, H]
         picked = h.gather(1, x["pos"][:, :, None].expand(-1, -1, h.shape[-1]))  # [B, A, H]
@@ -235,7 +258,11 @@ class TorchTrainingBackend:
             return {"update/skipped": 1.0, "time/update_s": 0.0}
         rows, tokens = index_rollouts(items)
         rollout_tokens = torch.tensor(tokens, dtype=torch.float32, device=self.device)
-        micro = pack_microbatches(items, self.optim_cfg.token_budget)
+        # rows with equal states (a GRPO group's samples of one prompt) share one
+        # computation of it; a batch without any keeps the plain forward
+        shared = self._share_states and len({tuple(t.state) for t in items}) < len(items)
+        pack = pack_shared_microbatches if shared else pack_microbatches
+        micro = pack(items, self.optim_cfg.token_budget)
         stale = [staleness_of(t, self._version) > 0 for t in items]
         prox_cache: dict[int, torch.Tensor] = {}  # computed in epoch 0: the proximal weights
         is_sums = dict.fromkeys(("n", "w", "w2", "max", "trunc"), 0.0)
@@ -248,7 +275,9 @@ class TorchTrainingBackend:
         for epoch in range(self.optim_cfg.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             for j, mb in enumerate(micro):
-                x = self._tensors([items[i] for i in mb], [batch.advantages[i] for i in mb])
+                x = self._tensors(
+                    [items[i] for i in mb], [batch.advantages[i] for i in mb], shared=shared
+                )
                 new = self._logprobs(x, batch.temperature)
                 prox = None
                 if any(stale[i] for i in mb):
@@ -298,6 +327,7 @@ class TorchTrainingBackend:
         metrics["update/loss"] = sums.get("loss", 0.0) / self.optim_cfg.epochs
         metrics["update/grad_norm"] = grad_norm
         metrics["update/microbatches"] = float(len(micro))
+        metrics["update/shared_states"] = float(shared)
         metrics["update/tokens"] = weight_total / self.optim_cfg.epochs
         metrics["offpolicy/stale_frac"] = sum(stale) / len(stale)
         if is_sums["n"] > 0:
