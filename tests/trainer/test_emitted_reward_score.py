@@ -109,3 +109,34 @@ def test_eval_scores_the_emitted_rewards_in_its_table_and_json(project: Path) ->
     assert (data["mean"], data["std"]) == pytest.approx((mean, std))
     assert {t["task"]: t["reward"] for t in data["per_task"]} == {f"val{x}": 2 * x / 8 for x in VAL}
     assert f"reward {mean:.3f}" in proc.stderr  # the progress line
+
+
+def test_warm_start_rejection_scores_the_emitted_rewards(project: Path) -> None:
+    """Expert iteration over an emit_reward-only agent's training rollouts: ``min_reward``
+    compares the same score (2 x / 8), not a missing final reward read as 0."""
+    from transformers import AutoTokenizer
+
+    from boltrl.loading import load_object
+    from boltrl_trainer.config import load_config
+    from boltrl_trainer.demonstrations import collect
+
+    if not (project / "out/store.db").exists():
+        run_cli_ok("train", "train.yaml", cwd=project)
+    cfg = load_config(
+        project / "train.yaml",
+        [
+            f"warm_start.teacher.store=sqlite:///{project / 'out/store.db'}",
+            "warm_start.min_reward=0.5",
+        ],
+    )
+    assert cfg.warm_start is not None
+    demos = collect(
+        cfg,
+        cfg.warm_start,
+        agent=load_object(str(project / "agent.py") + ":agent", what="agent"),
+        tokenizer=AutoTokenizer.from_pretrained(str(tiny_model())),
+        store=open_store("memory://"),
+    )
+    # train tasks x = 1, 2, 3 score 0.25, 0.5, 0.75; two rollouts each; val never read
+    assert (demos.rollouts, demos.kept, demos.rejected) == (6, 4, 2)
+    assert sorted(demos.rewards) == [0.5, 0.5, 0.75, 0.75]

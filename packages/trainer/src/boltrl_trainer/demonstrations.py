@@ -30,6 +30,7 @@ from boltrl.errors import InvalidInput
 from boltrl.loading import load_object
 from boltrl.records import Rollout, RolloutStatus, Task, Transition
 from boltrl.runner import AgentFn
+from boltrl.scoring import rollout_score
 from boltrl.store import open_store
 from boltrl.store.base import Store
 from boltrl_trainer import _chat
@@ -153,7 +154,10 @@ def _keep(
         if r.status != RolloutStatus.SUCCEEDED:
             out.failed += 1
             continue
-        if ws.min_reward is not None and (r.reward is None or r.reward < ws.min_reward):
+        # the rollout's score is the return training uses (an agent that only calls
+        # ``emit_reward`` has no final ``reward``): one definition, ``boltrl.scoring``
+        score = rollout_score(r, credit) or 0.0
+        if ws.min_reward is not None and score < ws.min_reward:
             out.rejected += 1
             continue
         try:
@@ -166,7 +170,7 @@ def _keep(
             out.rejected += 1
             continue
         out.kept += 1
-        out.rewards.append(r.reward or 0.0)
+        out.rewards.append(score)
         out.transitions.extend(trans)
 
 

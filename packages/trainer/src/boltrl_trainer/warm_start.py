@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from boltrl.credit import CreditConfig
 from boltrl.errors import InvalidInput
 from boltrl.loading import load_object
-from boltrl.records import RolloutStatus, Task
+from boltrl.records import Task
 from boltrl.runner import AgentFn
+from boltrl.scoring import summarize_scores
 from boltrl.store import open_store
 from boltrl.store.base import Store
 from boltrl_trainer.config import TrainConfig
@@ -125,8 +127,7 @@ def _validate(
     tagged = tag_tasks(tasks, run="warm_start", step=0, phase="val")
     with session:
         out = session.run(tagged, sampling, label=label)
-    rewards = [(r.reward or 0.0) if r.status == RolloutStatus.SUCCEEDED else 0.0 for r in out]
-    mean = sum(rewards) / max(len(rewards), 1)
+    mean = summarize_scores(out, CreditConfig.from_dict(cfg.credit), failed_as=0.0).mean
     reporter.line(f"warm start {label}: reward {mean:.3f} over {len(out)} tasks")
     return mean
 
