@@ -8,6 +8,13 @@ real store, runners, agent threads with OpenAI clients, gateway), TRL's is
 ``trl_side.py`` in TRL's own venv. Rounds alternate which side goes first; round ``i``
 uses seed ``i`` on both sides. Peak memory is each child's ``ru_maxrss`` (``wait4``),
 measured the same way for both.
+
+Equal steps and equal wall time. boltrl runs ``2 x steps`` (``EXTRA_STEPS``) with a
+validation every ``steps / 6`` steps; the equal-steps rows use its first ``steps`` steps
+(their time, the validation at step ``steps``), and "held-out reward at TRL's training
+time" is boltrl's last validation whose training time (the sum of its steps' wall time
+so far, as TRL's ``train_s``) is at most that round's TRL training time. When boltrl's
+``2 x steps`` end sooner, its last validation is taken: never more time than TRL had.
 """
 
 from __future__ import annotations
@@ -148,15 +155,21 @@ def _wait(p: subprocess.Popen[str], timeout_s: float) -> float:
         time.sleep(0.2)
 
 
+EXTRA_STEPS = 2
+"""boltrl's run is this many times ``steps`` long, for the equal-wall-time comparison."""
+
+
 def run_boltrl(settings: dict[str, Any], seed: int, work: Path, timeout_s: float) -> dict[str, Any]:
     out = work / f"boltrl-seed{seed}"
+    steps = settings["steps"]
+    every = max(steps // 6, 1) if steps % max(steps // 6, 1) == 0 else steps
     sets = {
         "model": settings["model"],
         "batch_tasks": settings["batch_tasks"],
         "group_size": settings["group_size"],
         "concurrency": settings["batch_tasks"] * settings["group_size"],
         "max_tokens": settings["max_tokens"],
-        "val_every": 0,
+        "val_every": every,
         "tasks.limit_val": len(settings["val"]),
         "progress": "false",
     }
@@ -166,7 +179,7 @@ def run_boltrl(settings: dict[str, Any], seed: int, work: Path, timeout_s: float
         "boltrl.cli",
         "demo",
         "--steps",
-        str(settings["steps"]),
+        str(steps * EXTRA_STEPS),
         "--seed",
         str(seed),
         "--out",
@@ -186,16 +199,21 @@ def run_boltrl(settings: dict[str, Any], seed: int, work: Path, timeout_s: float
             + "\n".join(log.read_text().splitlines()[-20:])
         )
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "time/step_s" in r]
-    val = [r["val/reward_mean"] for r in rows if "val/reward_mean" in r]
-    tokens = sum(r["throughput/tokens_per_s"] * r["time/rollout_s"] for r in steps)
+    timed = {r["step"]: r for r in rows if "time/step_s" in r}
+    first = [timed[k] for k in sorted(timed) if k <= steps]  # the equal-steps part
+    val = {r["step"]: r["val/reward_mean"] for r in rows if "val/reward_mean" in r}
+    # held-out reward against training time: (sum of step times up to s, val at s)
+    curve = [(sum(timed[k]["time/step_s"] for k in timed if k <= s), v) for s, v in val.items()]
+    tokens = sum(r["throughput/tokens_per_s"] * r["time/rollout_s"] for r in first)
     return {
-        "step_s": [r["time/step_s"] for r in steps],
-        "generation_s": [r["time/generation_s"] for r in steps],
+        "step_s": [r["time/step_s"] for r in first],
+        "generation_s": [r["time/generation_s"] for r in first],
         "generated_tokens": tokens,
         "val_before": val[0],
-        "val_after": val[-1],
-        "train_s": sum(r["time/step_s"] for r in steps),
+        "val_after": val[steps],
+        "val_curve": sorted(curve),
+        "steps_run": len(timed),
+        "train_s": sum(r["time/step_s"] for r in first),
         "wall_s": wall,
         "peak_mb": peak,
     }
@@ -240,7 +258,14 @@ MEASURES = [
     ("peak memory (RSS)", "MB", "lower", lambda r: r["peak_mb"]),
     ("held-out reward after training", "", "higher", lambda r: r["val_after"]),
     ("held-out gain", "", "higher", lambda r: r["val_after"] - r["val_before"]),
+    ("held-out reward at TRL's training time", "", "higher", lambda r: r["val_equal_time"]),
 ]
+
+
+def _at_time(curve: list[list[float]], limit_s: float) -> tuple[float, float]:
+    """The last (training time, held-out reward) of ``curve`` within ``limit_s``."""
+    within = [(t, v) for t, v in curve if t <= limit_s]
+    return within[-1] if within else (curve[0][0], curve[0][1])
 
 
 def trl(peer_py: Path | None, logs: Path, sizes: TrlSizes, timeout_s: float = 3600) -> Any:
@@ -262,6 +287,17 @@ def trl(peer_py: Path | None, logs: Path, sizes: TrlSizes, timeout_s: float = 36
                 r = run_trl(peer_py, settings, i, logs, timeout_s)
             r["load"] = (load, os.getloadavg()[0])
             runs[side].append(r)
+        b = runs["boltrl"][-1]  # the round's equal-wall-time figures
+        if peer_py is not None:
+            t = runs["trl"][-1]
+            b["equal_time_s"], b["val_equal_time"] = _at_time(b["val_curve"], t["train_s"])
+            t["equal_time_s"], t["val_equal_time"] = t["train_s"], t["val_after"]
+        else:  # no TRL time to match: boltrl's whole run
+            b["equal_time_s"], b["val_equal_time"] = b["val_curve"][-1]
+        for side in order:
+            if side == "trl" and peer_py is None:
+                continue
+            r = runs[side][-1]
             print(
                 f"  trl workload, round {i + 1}, {side}: "
                 f"{json.dumps({k: v for k, v in r.items() if not isinstance(v, list)})}",

@@ -93,6 +93,7 @@ TRL_MEASURES = [
     "peak memory (RSS)",
     "held-out reward after training",
     "held-out gain",
+    "held-out reward at TRL's training time",
 ]
 
 
@@ -112,6 +113,17 @@ def _check_trl(stdout: str, data: dict[str, object], *, peer: bool) -> None:
     for side_runs in runs.values():
         (run,) = side_runs
         assert 0.0 <= run["val_before"] <= 1.0 and 0.0 <= run["val_after"] <= 1.0
+        assert 0.0 <= run["val_equal_time"] <= 1.0
+    (b,) = runs["boltrl"]
+    # boltrl ran twice the steps; its equal-time figure is one of its validations, taken
+    # within TRL's training time when TRL ran
+    assert b["steps_run"] == 2
+    curve = b["val_curve"]
+    assert any(abs(t - b["equal_time_s"]) < 1e-3 and v == b["val_equal_time"] for t, v in curve)
+    if peer:
+        assert b["equal_time_s"] <= runs["trl"][0]["train_s"] or b["equal_time_s"] == min(
+            t for t, _ in curve
+        )
 
 
 def test_quick_trl_boltrl_side(tmp_path: Path) -> None:
