@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from boltrl_trainer.config import load_config
-from boltrl_trainer.demo import DEMO_CONFIG, score, train_tasks, val_tasks
+from boltrl_trainer.demo import DEMO_CONFIG, lenient_score, score, train_tasks, val_tasks
 
 
 def test_splits_are_deterministic_and_disjoint() -> None:
@@ -33,6 +33,24 @@ def test_splits_are_deterministic_and_disjoint() -> None:
 )
 def test_score_wants_the_right_number_alone(reply: str, answer: int, expected: float) -> None:
     assert score(reply, answer) == expected
+
+
+@pytest.mark.parametrize(
+    ("reply", "answer", "expected"),
+    [
+        ("42", 42, 1.0),
+        ("12 + 30 = 42", 42, 1.0),
+        ("The answer is 42.", 42, 1.0),
+        ("1,042", 1042, 1.0),
+        ("42 is not 43", 42, 0.0),
+        ("12 + 30 = 43", 42, 0.0),
+        ("", 42, 0.0),
+    ],
+)
+def test_lenient_score_wants_the_right_last_number(
+    reply: str, answer: int, expected: float
+) -> None:
+    assert lenient_score(reply, answer) == expected
 
 
 def test_demo_config_is_valid() -> None:

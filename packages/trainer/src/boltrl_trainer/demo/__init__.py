@@ -1,10 +1,12 @@
 """The ``boltrl demo`` task: two-digit addition, answered as a number.
 
 Chosen because SmolLM2-135M-Instruct starts low but not at zero on it: it sometimes
-knows the sum but mostly wraps it in words ("The answer is 42.") or restates the
-problem. A bare correct number scores 1, a correct number in words 0.5. A few minutes
-of GRPO on a CPU teach it to answer as asked, which moves held-out reward well beyond
-run-to-run noise. The agent is ordinary
+knows the sum but mostly wraps it in words or restates the problem ("78 + 55 = 133"). A
+bare correct number scores 1, a correct number in words 0.5. A few minutes of GRPO on a
+CPU make it restate and add far more often (held-out 0.133 -> ~0.27-0.31), well beyond
+run-to-run noise; it does not learn the bare format, since it almost never samples a
+bare correct sum (benchmarks/README.md, "What the strict reward lets RL reach").
+``lenient_agent`` rewards the sum alone, words or not. The agent is ordinary
 code: the official OpenAI client pointed at the rollout's ``base_url``.
 """
 
@@ -72,14 +74,31 @@ def _openai(llm: LLM) -> Any:
     return _client.with_options(base_url=llm.base_url, api_key=llm.api_key)
 
 
-def agent(task: dict[str, Any], llm: LLM) -> float:
-    """Ask the model once; reward exact numeric match."""
+def lenient_score(reply: str, answer: int) -> float:
+    """1.0 when the reply's last number is the right sum, words or not ("12 + 30 = 42");
+    else 0. What a bare GRPO loop usually rewards: arithmetic, not the format."""
+    found = _NUMBER.findall(reply.replace(",", ""))
+    return 1.0 if found and int(found[-1]) == answer else 0.0
+
+
+def _ask(task: dict[str, Any], llm: LLM) -> str:
     reply = _openai(llm).chat.completions.create(
         model=llm.model,
         messages=[{"role": "user", "content": PROMPT.format(a=task["a"], b=task["b"])}],
         **llm.sampling,
     )
-    return score(reply.choices[0].message.content or "", task["a"] + task["b"])
+    return reply.choices[0].message.content or ""
+
+
+def agent(task: dict[str, Any], llm: LLM) -> float:
+    """Ask the model once; reward exact numeric match (``score``)."""
+    return score(_ask(task, llm), task["a"] + task["b"])
+
+
+def lenient_agent(task: dict[str, Any], llm: LLM) -> float:
+    """The same question, rewarded by ``lenient_score``:
+    ``boltrl demo --set agent=boltrl_trainer.demo:lenient_agent``."""
+    return lenient_score(_ask(task, llm), task["a"] + task["b"])
 
 
 DEMO_CONFIG: dict[str, Any] = {
