@@ -130,6 +130,25 @@ def test_quick_trl_boltrl_side(tmp_path: Path) -> None:
     """The ``trl`` workload's boltrl side: ``boltrl demo`` on the tiny model, one step."""
     stdout, data = _run(tmp_path, "--workloads", "trl", timeout=300)
     _check_trl(stdout, data, peer=False)
+    # benchmarks/plot_trl.py draws the run from its output and log folder
+    saved, png = tmp_path / "trl.log", tmp_path / "trl.png"
+    saved.write_text(stdout)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks/plot_trl.py"),
+            "--stdout",
+            str(saved),
+            "--png",
+            str(png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert png.stat().st_size > 5000
 
 
 @pytest.mark.slow
