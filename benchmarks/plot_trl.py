@@ -19,8 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "sbs"))
+from trl_workload import val_curve  # benchmarks/sbs is not a package
 
 _RUN = re.compile(r"trl workload, round (\d+), (boltrl|trl): (\{.*\})\s*$")
 
@@ -39,17 +43,6 @@ def read_runs(stdout: Path) -> tuple[Path, list[tuple[int, str, dict[str, Any]]]
     if not runs:
         raise SystemExit(f"{stdout}: no 'trl workload, round' lines")
     return Path(m[1]), runs
-
-
-def boltrl_curve(metrics: Path) -> list[tuple[float, float]]:
-    """(training seconds so far, held-out reward) at each validation of a boltrl run."""
-    rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
-    step_s = {r["step"]: r["time/step_s"] for r in rows if "time/step_s" in r}
-    return [
-        (sum(t for k, t in step_s.items() if k <= r["step"]), r["val/reward_mean"])
-        for r in rows
-        if "val/reward_mean" in r
-    ]
 
 
 def main() -> int:
@@ -71,7 +64,8 @@ def main() -> int:
     for rnd, side, r in runs:
         seed = rnd - 1
         if side == "boltrl":
-            pts = boltrl_curve(logs / f"boltrl-seed{seed}" / "metrics.jsonl")
+            metrics = (logs / f"boltrl-seed{seed}" / "metrics.jsonl").read_text()
+            pts = val_curve([json.loads(x) for x in metrics.splitlines() if x.strip()])
             ax.plot(
                 *zip(*pts, strict=True),
                 marker=".",

@@ -155,6 +155,18 @@ def _wait(p: subprocess.Popen[str], timeout_s: float) -> float:
         time.sleep(0.2)
 
 
+def val_curve(rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(training seconds so far, held-out reward) at each validation of a boltrl run's
+    metrics rows: the sum of the step times up to the validated step (TRL's ``train_s``
+    clock: validations and model load left out)."""
+    step_s = {r["step"]: r["time/step_s"] for r in rows if "time/step_s" in r}
+    return sorted(
+        (sum(t for k, t in step_s.items() if k <= r["step"]), r["val/reward_mean"])
+        for r in rows
+        if "val/reward_mean" in r
+    )
+
+
 EXTRA_STEPS = 2
 """boltrl's run is this many times ``steps`` long, for the equal-wall-time comparison."""
 
@@ -162,7 +174,8 @@ EXTRA_STEPS = 2
 def run_boltrl(settings: dict[str, Any], seed: int, work: Path, timeout_s: float) -> dict[str, Any]:
     out = work / f"boltrl-seed{seed}"
     steps = settings["steps"]
-    every = max(steps // 6, 1) if steps % max(steps // 6, 1) == 0 else steps
+    every = max(steps // 6, 1)  # six validations per `steps`, one landing on `steps`
+    every = every if steps % every == 0 else steps
     sets = {
         "model": settings["model"],
         "batch_tasks": settings["batch_tasks"],
@@ -202,8 +215,6 @@ def run_boltrl(settings: dict[str, Any], seed: int, work: Path, timeout_s: float
     timed = {r["step"]: r for r in rows if "time/step_s" in r}
     first = [timed[k] for k in sorted(timed) if k <= steps]  # the equal-steps part
     val = {r["step"]: r["val/reward_mean"] for r in rows if "val/reward_mean" in r}
-    # held-out reward against training time: (sum of step times up to s, val at s)
-    curve = [(sum(timed[k]["time/step_s"] for k in timed if k <= s), v) for s, v in val.items()]
     tokens = sum(r["throughput/tokens_per_s"] * r["time/rollout_s"] for r in first)
     return {
         "step_s": [r["time/step_s"] for r in first],
@@ -211,7 +222,7 @@ def run_boltrl(settings: dict[str, Any], seed: int, work: Path, timeout_s: float
         "generated_tokens": tokens,
         "val_before": val[0],
         "val_after": val[steps],
-        "val_curve": sorted(curve),
+        "val_curve": val_curve(rows),
         "steps_run": len(timed),
         "train_s": sum(r["time/step_s"] for r in first),
         "wall_s": wall,
