@@ -14,6 +14,8 @@ from boltrl_trainer.batching import (
     entropy_from_logits,
     index_rollouts,
     pack_microbatches,
+    pack_prefix_microbatches,
+    shared_prefix,
     token_logprobs,
 )
 
@@ -44,6 +46,54 @@ def test_pack_microbatches_by_padded_token_budget() -> None:
     assert pack_microbatches(ts, 16) == [[0, 1]] and pack_microbatches(ts, 15) == [[0], [1]]
     with pytest.raises(InvalidInput, match="max_tokens"):
         pack_microbatches([1], 0)
+
+
+def with_state(t: Transition, state: list[int]) -> Transition:
+    return t.model_copy(update={"state": state})
+
+
+def test_shared_prefix_stops_before_each_last_token() -> None:
+    assert shared_prefix([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 9]]) == 2
+    assert shared_prefix([[1, 2, 3], [1, 2, 3]]) == 2  # the last token predicts the action
+    assert shared_prefix([[1, 2, 3]]) == 0 and shared_prefix([]) == 0
+
+
+def test_prefix_packing_puts_rows_that_share_a_prompt_together() -> None:
+    """Two agents' calls interleaved (a writer's long shared schema, a checker's short
+    shared prompt): packed by state, each micro-batch holds one agent's rows and costs
+    shared + rows x (longest - shared), which fits far more rows than padding alone."""
+    writer = list(range(100, 400))  # 300 shared tokens
+    checker = list(range(500, 550))  # 50
+    items = []
+    for k in range(8):
+        items.append(with_state(tr(f"w{k}", 10), [*writer, 1000 + k, 1001]))
+        items.append(with_state(tr(f"c{k}", 10), [*checker, *range(2000 + 60 * k, 2060 + 60 * k)]))
+    batches = pack_prefix_microbatches(items, 1200, min_shared=16)
+    assert sorted(i for b in batches for i in b) == list(range(16))
+    assert sorted(sorted(b) for b in batches) == [list(range(0, 16, 2)), list(range(1, 16, 2))]
+    # by padded length alone the same budget needs 4 micro-batches of mixed rows
+    assert len(pack_microbatches(items, 1200)) == 4
+    # a budget below one agent's shared cost splits its rows, never past the budget
+    small = pack_prefix_microbatches(items, 400, min_shared=16)
+    assert sorted(i for b in small for i in b) == list(range(16))
+    for b in small:
+        rows = [items[i] for i in b]
+        s = shared_prefix([t.state for t in rows])
+        s = s if s >= 16 else 0
+        longest = max(len(t.state) + len(t.action) for t in rows)
+        assert len(b) == 1 or s + len(b) * (longest - s) <= 400
+
+
+def test_prefix_packing_without_shared_prompts_packs_by_length() -> None:
+    items = [
+        with_state(tr(str(k), n), [k, *range(50 + k)]) for k, n in enumerate([10, 3, 8, 2, 20])
+    ]
+    assert pack_prefix_microbatches(items, 140, min_shared=16) == pack_microbatches(items, 140)
+    oversize = [with_state(tr("big", 500), [1, 2, 3]), with_state(tr("s", 1), [1, 2, 3])]
+    assert pack_prefix_microbatches(oversize, 100, min_shared=2) == [[0], [1]]
+    assert pack_prefix_microbatches([], 8, min_shared=16) == []
+    with pytest.raises(InvalidInput, match="max_tokens"):
+        pack_prefix_microbatches(items, 0, min_shared=16)
 
 
 def test_index_rollouts() -> None:

@@ -412,3 +412,39 @@ def test_shared_prefix_gives_the_same_loss_and_update(
     assert len(g1) == len(g2) > 0
     for a, b in zip(g1, g2, strict=True):  # the same gradient, within float noise
         assert torch.allclose(a, b, rtol=1e-3, atol=1e-6 * float(b.abs().max()) + 1e-9)
+
+
+def test_rows_of_two_prompts_are_packed_by_prompt_with_the_same_update(
+    tiny_model_path: Path, demos: Demonstrations
+) -> None:
+    """Two agents' calls in one step (as a writer and a checker): each micro-batch holds
+    one agent's rows and runs their shared prompt once; loss and gradients are those of
+    the plain padded forward."""
+    import torch
+
+    from boltrl_trainer.batching import shared_prefix
+    from boltrl_trainer.models import load_model
+    from boltrl_trainer.sft import SFTBackend
+
+    one = [t for t in demos.transitions if t.task_id.startswith("t")]
+    other = [t.model_copy(update={"state": list(range(40, 70)) + t.state}) for t in one]
+    items = [x for pair in zip(one, other, strict=True) for x in pair]  # interleaved
+    longest = max(len(t.state) + len(t.action) for t in items)
+    budget = 3 * longest  # too small for all rows padded, enough for one agent shared
+    runs = []
+    for share in (True, False):
+        model, _ = load_model(tiny_model_path)
+        sft = SFTBackend(model, lr=1e-2, pad_id=2, token_budget=budget, share_prefix=share)
+        micro = sft._pack(items)
+        if share:
+            assert len(micro) == 2
+            assert all(shared_prefix([items[i].state for i in b]) >= 16 for b in micro)
+        loss = sft.loss(items)
+        row = sft.step(items)
+        grads = [p.grad.detach().clone() for p in sft.params if p.grad is not None]
+        runs.append((loss, row["sft/grad_norm"], row["sft/microbatches"], grads))
+    (l1, n1, m1, g1), (l2, n2, m2, g2) = runs
+    assert m1 < m2  # fewer, fuller micro-batches
+    assert l1 == pytest.approx(l2, rel=1e-5) and n1 == pytest.approx(n2, rel=1e-4)
+    for a, b in zip(g1, g2, strict=True):
+        assert torch.allclose(a, b, rtol=1e-3, atol=1e-6 * float(b.abs().max()) + 1e-9)

@@ -19,7 +19,9 @@ __all__ = [
     "entropy_from_logits",
     "index_rollouts",
     "pack_microbatches",
+    "pack_prefix_microbatches",
     "pack_shared_microbatches",
+    "shared_prefix",
     "token_logprobs",
 ]
 
@@ -134,3 +136,64 @@ def pack_shared_microbatches(items: Sequence[Transition], max_tokens: int) -> li
                 batches.append([i])
                 d, p, b, a = 1, s_len, 1, na
     return batches
+
+
+def shared_prefix(states: Sequence[Sequence[int]]) -> int:
+    """Length of the prefix every state of ``states`` shares (0 for fewer than two), kept
+    short of each state's last token, whose logits predict the first action token."""
+    if len(states) < 2:
+        return 0
+    first = states[0]
+    n = min(len(s) for s in states) - 1
+    for s in states[1:]:
+        k = 0
+        while k < n and s[k] == first[k]:
+            k += 1
+        n = k
+    return max(n, 0)
+
+
+def pack_prefix_microbatches(
+    items: Sequence[Transition], max_tokens: int, min_shared: int
+) -> list[list[int]]:
+    """Like ``pack_microbatches`` for a forward pass that runs the prompt prefix all rows of
+    a micro-batch share once (``SFTBackend``, when that prefix is ``>= min_shared`` tokens):
+    a micro-batch costs ``shared + rows * (longest row - shared)`` positions.
+
+    Two packings are priced and the cheaper kept: rows longest first (as
+    ``pack_microbatches``), and rows in the order of their states' token ids, which puts the
+    rows that share a prefix side by side (a multi-agent episode's writer calls, which share
+    the system prompt and schema, apart from its checker calls, which share another). Either
+    way a micro-batch stays within ``max_tokens`` by that cost, a row longer than
+    ``max_tokens`` gets one of its own, and every index appears once.
+    """
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise InvalidInput(f"max_tokens: must be a positive integer (got {max_tokens!r})")
+    lengths = [len(t.state) + len(t.action) for t in items]
+
+    def cost(rows: int, longest: int, shared: int) -> int:
+        shared = shared if shared >= min_shared else 0
+        return shared + rows * (longest - shared)
+
+    def pack(order: list[int]) -> tuple[int, list[list[int]]]:
+        batches: list[list[int]] = []
+        total = longest = shared = 0
+        for i in order:
+            if batches:
+                first = items[batches[-1][0]].state
+                s = min(shared, shared_prefix([first, items[i].state]))
+                n = max(longest, lengths[i])
+                if cost(len(batches[-1]) + 1, n, s) <= max_tokens:
+                    batches[-1].append(i)
+                    longest, shared = n, s
+                    continue
+                total += cost(len(batches[-1]), longest, shared)
+            batches.append([i])
+            longest, shared = lengths[i], len(items[i].state) - 1
+        if batches:
+            total += cost(len(batches[-1]), longest, shared)
+        return total, batches
+
+    by_length = sorted(range(len(items)), key=lambda i: -lengths[i])
+    by_state = sorted(range(len(items)), key=lambda i: items[i].state)
+    return min(pack(by_length), pack(by_state), key=lambda p: p[0])[1]

@@ -1,10 +1,11 @@
 """Supervised fine-tuning on transitions: NLL on action tokens only.
 
 ``SFTBackend`` trains the very model object the policy server serves (LoRA adapters or
-every weight, as loaded), micro-batched by token budget exactly like the RL update
-(``boltrl_trainer.batching.pack_microbatches``). The loss of an optimizer step is the mean
-negative log-likelihood over the step's trained tokens (``action_mask == 1``): prompt
-tokens and observation tokens inside a prefix-merged action are context, never targets.
+every weight, as loaded), micro-batched by token budget like the RL update, the rows that
+share a prompt prefix packed together (``boltrl_trainer.batching.pack_prefix_microbatches``).
+The loss of an optimizer step is the mean negative log-likelihood over the step's trained
+tokens (``action_mask == 1``): prompt tokens and observation tokens inside a prefix-merged
+action are context, never targets.
 Checkpoints have the RL format (``trainable.safetensors`` + ``optimizer.pt``), so
 ``init_from`` and ``boltrl eval --checkpoint`` read them.
 """
@@ -20,7 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from boltrl.errors import InvalidInput
 from boltrl.records import Transition
-from boltrl_trainer.batching import pack_microbatches, token_logprobs
+from boltrl_trainer.batching import (
+    pack_microbatches,
+    pack_prefix_microbatches,
+    shared_prefix,
+    token_logprobs,
+)
 from boltrl_trainer.update import save_trainable
 
 if TYPE_CHECKING:
@@ -97,16 +103,12 @@ class SFTBackend:
     def shared_prefix(items: Sequence[Transition]) -> int:
         """Length of the prompt prefix every row of ``items`` shares (0 for one row), kept
         short of each prompt's last token, which predicts the first action token."""
-        if len(items) < 2:
-            return 0
-        first = items[0].state
-        n = min(len(t.state) for t in items) - 1
-        for t in items[1:]:
-            k = 0
-            while k < n and t.state[k] == first[k]:
-                k += 1
-            n = k
-        return max(n, 0)
+        return shared_prefix([t.state for t in items])
+
+    def _pack(self, items: Sequence[Transition]) -> list[list[int]]:
+        if self.share_prefix:
+            return pack_prefix_microbatches(items, self.token_budget, _MIN_SHARED)
+        return pack_microbatches(items, self.token_budget)
 
     def _logprobs(self, items: Sequence[Transition]) -> tuple[torch.Tensor, torch.Tensor]:
         """``[B, A]`` log-probs of the action tokens and their mask.
@@ -168,7 +170,7 @@ class SFTBackend:
         total = float(sum(sum(t.action_mask) for t in items))
         if total == 0:
             raise InvalidInput("demonstrations: no trained tokens (every action_mask is 0)")
-        micro = pack_microbatches(items, self.token_budget)
+        micro = self._pack(items)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         nll_sum = 0.0
@@ -197,7 +199,7 @@ class SFTBackend:
         total = float(sum(sum(t.action_mask) for t in items))
         nll_sum = 0.0
         with torch.no_grad():
-            for mb in pack_microbatches(items, self.token_budget):
+            for mb in self._pack(items):
                 logp, mask = self._logprobs([items[i] for i in mb])
                 nll_sum += float(-(logp * mask).sum())
         return nll_sum / max(total, 1.0)
