@@ -160,12 +160,14 @@ def pack_prefix_microbatches(
     a micro-batch share once (``SFTBackend``, when that prefix is ``>= min_shared`` tokens):
     a micro-batch costs ``shared + rows * (longest row - shared)`` positions.
 
-    Two packings are priced and the cheaper kept: rows longest first (as
-    ``pack_microbatches``), and rows in the order of their states' token ids, which puts the
-    rows that share a prefix side by side (a multi-agent episode's writer calls, which share
-    the system prompt and schema, apart from its checker calls, which share another). Either
-    way a micro-batch stays within ``max_tokens`` by that cost, a row longer than
-    ``max_tokens`` gets one of its own, and every index appears once.
+    Rows are put in the order of their states' token ids and cut into families wherever
+    two neighbours share fewer than ``min_shared`` tokens (a multi-agent episode's writer
+    calls, which share the system prompt and schema, apart from its checker calls, which
+    share another); each family is packed on its own, in that order, and the rows that
+    share with no other are packed longest first. That packing is kept when it costs
+    fewer positions than packing every row longest first (``pack_microbatches``), else the
+    latter. Either way a micro-batch stays within ``max_tokens`` by that cost, a row longer
+    than ``max_tokens`` gets one of its own, and every index appears once.
     """
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise InvalidInput(f"max_tokens: must be a positive integer (got {max_tokens!r})")
@@ -176,6 +178,7 @@ def pack_prefix_microbatches(
         return shared + rows * (longest - shared)
 
     def pack(order: list[int]) -> tuple[int, list[list[int]]]:
+        """Greedy in ``order``: a row joins the open micro-batch while the cost fits."""
         batches: list[list[int]] = []
         total = longest = shared = 0
         for i in order:
@@ -194,6 +197,20 @@ def pack_prefix_microbatches(
             total += cost(len(batches[-1]), longest, shared)
         return total, batches
 
-    by_length = sorted(range(len(items)), key=lambda i: -lengths[i])
     by_state = sorted(range(len(items)), key=lambda i: items[i].state)
-    return min(pack(by_length), pack(by_state), key=lambda p: p[0])[1]
+    families: list[list[int]] = []
+    for i in by_state:
+        if (
+            families
+            and shared_prefix([items[families[-1][-1]].state, items[i].state]) >= min_shared
+        ):
+            families[-1].append(i)
+        else:
+            families.append([i])
+    total, batches = 0, list[list[int]]()
+    alone = [i for f in families if len(f) == 1 for i in f]
+    for part in [f for f in families if len(f) > 1] + [sorted(alone, key=lambda i: -lengths[i])]:
+        c, b = pack(part)
+        total, batches = total + c, batches + b
+    by_length = pack(sorted(range(len(items)), key=lambda i: -lengths[i]))
+    return batches if total < by_length[0] else by_length[1]

@@ -1,0 +1,48 @@
+"""benchmarks/sft_bench.py runs on sql_agent's real demonstrations with the tiny model:
+prefix packing runs fewer decoder positions than length packing, for the same loss."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from boltrl_trainer.models import tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_runs_on_sql_agent_with_the_tiny_model(tmp_path: Path) -> None:
+    out = tmp_path / "sft.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "sft_bench.py"),
+            "examples/sql_agent/train.yaml",
+            "--model",
+            str(tiny_model()),
+            "--limit",
+            "16",
+            "--batch",
+            "16",
+            "--batches",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {r["packing"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {"prefix", "length", "plain"}
+    # 8 writer + 8 checker calls a step: packed by prompt, each agent's shared prompt runs once
+    assert rows["prefix"]["positions"] < rows["length"]["positions"] <= rows["plain"]["positions"]
+    for way in ("length", "plain"):
+        assert rows[way]["loss"] == pytest.approx(rows["prefix"]["loss"], rel=1e-4)
+    assert "| prefix |" in proc.stdout
