@@ -17,6 +17,7 @@ positions the decoder runs per step, and the loss of the first batch (equal acro
 three, within float noise).
 
     uv run python benchmarks/sft_bench.py examples/sql_agent/train.yaml --batches 4
+    uv run python benchmarks/sft_bench.py examples/sql_agent/train.yaml --limit 100 --positions-only
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 from boltrl.loading import load_object
 from boltrl.records import Transition
 from boltrl.store import open_store
-from boltrl_trainer.batching import pack_microbatches, shared_prefix
+from boltrl_trainer.batching import pack_microbatches, pack_prefix_microbatches, shared_prefix
 from boltrl_trainer.config import load_config
 from boltrl_trainer.demonstrations import collect
 from boltrl_trainer.models import load_model
@@ -68,6 +69,11 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=32, help="training tasks demonstrated")
     ap.add_argument("--model", default=None, help="default: the config's model")
     ap.add_argument("--json", default=None, help="also write the rows here")
+    ap.add_argument(
+        "--positions-only",
+        action="store_true",
+        help="count each packing's decoder positions over every batch; train nothing",
+    )
     args = ap.parse_args()
 
     overrides = [f"warm_start.limit={args.limit}"]
@@ -91,7 +97,8 @@ def main() -> None:
     batches = [items[i : i + bs] for i in range(0, len(items), bs)][: args.batches + 1]
     print(
         f"{args.config}: {len(items)} transitions from {demos.kept} demonstrations; "
-        f"{len(batches) - 1} timed steps of {bs}, token budget {budget}; "
+        f"{'every batch' if args.positions_only else f'{len(batches) - 1} timed steps'} "
+        f"of {bs}, token budget {budget}; "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
         f"load {os.getloadavg()[0]:.1f}"
     )
@@ -100,6 +107,23 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     print("| packing | s/step (median) | decoder positions/step | micro-batches/step | loss |")
     print("|---|---:|---:|---:|---:|")
+    if args.positions_only:
+        every = [items[i : i + bs] for i in range(0, len(items), bs)]
+        for way in ("prefix", "length", "plain"):
+            packs = [
+                pack_prefix_microbatches(b, budget, _MIN_SHARED)
+                if way == "prefix"
+                else pack_microbatches(b, budget)
+                for b in every
+            ]
+            pos = [positions(b, m, way != "plain") for b, m in zip(every, packs, strict=True)]
+            row = {"packing": way, "positions": statistics.mean(pos)}
+            row["microbatches"] = statistics.mean(len(m) for m in packs)
+            rows.append(row)
+            print(f"| {way} | - | {row['positions']:,.0f} | {row['microbatches']:.1f} | - |")
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        return
     for way in ("prefix", "length", "plain"):
         base, _ = load_model(cfg.model)
         lora = apply_lora(base, cfg.lora)

@@ -84,6 +84,25 @@ def test_prefix_packing_puts_rows_that_share_a_prompt_together() -> None:
         assert len(b) == 1 or s + len(b) * (longest - s) <= 400
 
 
+def test_prefix_packing_never_costs_more_than_padded_packing() -> None:
+    """One prompt, replies of very different lengths: one micro-batch of all rows pads the
+    short ones to the longest; cut by padded size, two micro-batches (each sharing the
+    prompt) cost fewer positions, and that packing is kept."""
+    prompt = list(range(100, 300))
+    items = [with_state(tr(str(k), 150 if k < 4 else 5), [*prompt, 1000 + k]) for k in range(12)]
+
+    def priced(batches: list[list[int]]) -> int:
+        total = 0
+        for b in batches:
+            s = shared_prefix([items[i].state for i in b])
+            longest = max(len(items[i].state) + len(items[i].action) for i in b)
+            total += s + len(b) * (longest - s)
+        return total
+
+    packed = pack_prefix_microbatches(items, 2000, min_shared=16)
+    assert priced(packed) <= priced(pack_microbatches(items, 2000)) < priced([list(range(12))])
+
+
 def test_prefix_packing_without_shared_prompts_packs_by_length() -> None:
     items = [
         with_state(tr(str(k), n), [k, *range(50 + k)]) for k, n in enumerate([10, 3, 8, 2, 20])

@@ -164,10 +164,11 @@ def pack_prefix_microbatches(
     two neighbours share fewer than ``min_shared`` tokens (a multi-agent episode's writer
     calls, which share the system prompt and schema, apart from its checker calls, which
     share another); each family is packed on its own, in that order, and the rows that
-    share with no other are packed longest first. That packing is kept when it costs
-    fewer positions than packing every row longest first (``pack_microbatches``), else the
-    latter. Either way a micro-batch stays within ``max_tokens`` by that cost, a row longer
-    than ``max_tokens`` gets one of its own, and every index appears once.
+    share with no other are packed longest first. Of that packing, every row longest first
+    by this cost, and ``pack_microbatches``'s (cut by padded size, which at times pads
+    less), the cheapest is kept; ties keep the first. Each keeps a micro-batch within
+    ``max_tokens`` by that cost, a row longer than ``max_tokens`` gets one of its own, and
+    every index appears once.
     """
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise InvalidInput(f"max_tokens: must be a positive integer (got {max_tokens!r})")
@@ -176,6 +177,10 @@ def pack_prefix_microbatches(
     def cost(rows: int, longest: int, shared: int) -> int:
         shared = shared if shared >= min_shared else 0
         return shared + rows * (longest - shared)
+
+    def priced(batch: list[int]) -> int:
+        longest = max(lengths[i] for i in batch)
+        return cost(len(batch), longest, shared_prefix([items[i].state for i in batch]))
 
     def pack(order: list[int]) -> tuple[int, list[list[int]]]:
         """Greedy in ``order``: a row joins the open micro-batch while the cost fits."""
@@ -212,5 +217,7 @@ def pack_prefix_microbatches(
     for part in [f for f in families if len(f) > 1] + [sorted(alone, key=lambda i: -lengths[i])]:
         c, b = pack(part)
         total, batches = total + c, batches + b
-    by_length = pack(sorted(range(len(items)), key=lambda i: -lengths[i]))
-    return batches if total < by_length[0] else by_length[1]
+    candidates = [(total, batches), pack(sorted(range(len(items)), key=lambda i: -lengths[i]))]
+    padded = pack_microbatches(items, max_tokens)  # cut by padded size: less padding at times
+    candidates.append((sum(priced(b) for b in padded), padded))
+    return min(candidates, key=lambda c: c[0])[1]
