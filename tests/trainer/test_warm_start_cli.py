@@ -108,8 +108,11 @@ def test_sft_then_train_from_its_checkpoint(project: Path) -> None:
         r["val/reward_mean"] for r in read_jsonl(rl / "metrics.jsonl") if "val/reward_mean" in r
     ]
     assert vals[0] == 1.0, vals
+    # version 2 when the step updated; at temperature 1.0 the warm-started model can say
+    # "yes" in every sample, and then both groups are all-equal and the update is skipped
+    updated = not [r for r in read_jsonl(rl / "metrics.jsonl") if r.get("update/skipped")]
     final = json.loads((rl / "checkpoints" / "step-000001" / "state.json").read_text())
-    assert final["policy_version"] == 2
+    assert final["policy_version"] == (2 if updated else 1), final
 
 
 def test_train_runs_the_warm_start_then_rl(project: Path) -> None:
