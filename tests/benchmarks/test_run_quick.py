@@ -45,6 +45,7 @@ def _check_table(stdout: str, data: dict[str, object], *, peer: bool) -> None:
             assert row["peer"] is None and row["ratio"] is None, row
 
 
+@pytest.mark.bench
 def test_quick_boltrl_only(tmp_path: Path) -> None:
     stdout, data = _run(tmp_path, timeout=120)
     _check_table(stdout, data, peer=False)
@@ -126,6 +127,7 @@ def _check_trl(stdout: str, data: dict[str, object], *, peer: bool) -> None:
         )
 
 
+@pytest.mark.bench
 def test_quick_trl_boltrl_side(tmp_path: Path) -> None:
     """The ``trl`` workload's boltrl side: ``boltrl demo`` on the tiny model, one step."""
     stdout, data = _run(tmp_path, "--workloads", "trl", timeout=300)

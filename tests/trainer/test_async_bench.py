@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.bench
 def test_async_bench_quick_runs_both_arms(tmp_path: Path) -> None:
     out = tmp_path / "figures.json"
     script = str(ROOT / "benchmarks" / "async_bench.py")

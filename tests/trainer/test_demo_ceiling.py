@@ -39,6 +39,7 @@ def test_kinds_follow_the_demo_score(reply: str, kind: str) -> None:
     assert _module().kind(reply, 42) == kind  # type: ignore[attr-defined]
 
 
+@pytest.mark.bench
 def test_runs_on_the_tiny_model(tmp_path: Path) -> None:
     out = tmp_path / "ceiling.json"
     proc = subprocess.run(

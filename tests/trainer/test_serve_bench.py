@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "online_users.py"
 
 
@@ -23,6 +25,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.bench
 def test_quick_run_and_plot(tmp_path: Path) -> None:
     proc = _run("--quick", "--scenario", "adversarial", "--out", str(tmp_path / "run"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
