@@ -109,7 +109,11 @@ class ForcedReplies:
             return logits
 
         model.lm_head.register_forward_hook(push)
-        b = TransformersBackend(model, tokenizer, max_tokens=len(script) + 8, max_batch=1)
+        # no prefix cache: a prompt computed before would skip its forward pass and put
+        # the call count out of step with the script
+        b = TransformersBackend(
+            model, tokenizer, max_tokens=len(script) + 8, max_batch=1, cache_positions=0
+        )
         self.backends.append(b)
         return b
 

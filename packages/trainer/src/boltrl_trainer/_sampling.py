@@ -6,11 +6,14 @@ and per-row position ids make a padded row compute what it would compute alone (
 float noise). Rows that finish leave the batch (their cache rows are dropped); requests
 that arrive meanwhile are prefilled and join it between steps (continuous batching).
 
-Prompts are computed once per loop: rows with the same prompt ids (the samples of a GRPO
-group, arriving together or one by one) share one prefill; its keys, values and last
-logits are copied into each row's own cache row, so every row then decodes on its own.
+Prompts are computed once and by their longest computed prefix (``_prompt_cache``): rows
+with the same prompt ids (the samples of a GRPO group) share one prefill, whose keys,
+values and last logits are copied into each row's own cache row; a prompt that starts
+like one computed before (the system prompt and tools every call of an agent repeats, the
+previous call's prompt and reply in a multi-turn episode) computes only what follows.
 On a CPU the prefill of 64 demo prompts (~47 tokens each) was over half of a step's
-generation time, and 8 of them are distinct (benchmarks/README.md, Training).
+generation time, and 8 of them are distinct (benchmarks/README.md, Training); an agent's
+calls repeat a few hundred tokens of system prompt and tool schemas each.
 
 Logprobs: for ``temperature > 0`` each recorded logprob is ``log_softmax(logits / T)`` at
 the sampled id over the full vocabulary, i.e. the temperature-scaled distribution *before*
@@ -22,12 +25,18 @@ exactly the sampling distribution). For ``temperature == 0`` (greedy) it is
 from __future__ import annotations
 
 import inspect
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from boltrl_trainer._prompt_cache import (
+    DEFAULT_CACHE_POSITIONS,
+    CachedPrefix,
+    PromptCache,
+    common_prefix,
+)
 
 
 @dataclass(eq=False)
@@ -190,21 +199,15 @@ def _trim(batch: _Batch) -> None:
         batch.mask = batch.mask[:, first:]
 
 
-_PROMPT_CACHE_POSITIONS = 8192
-"""Most prompt positions a loop keeps computed for later rows with the same prompt (for
-SmolLM2-135M in float32, 46 KB of keys and values per position)."""
+_MIN_REUSE = 32
+"""Fewest shared positions worth a pass of their own (a pass costs ~30 layers of Python
+overhead; a few positions of prefill cost less)."""
 
 
-@dataclass(eq=False)
-class _Prompt:
-    """One prompt's prefill, shared by every row of a loop with the same prompt ids."""
-
-    keys: list[torch.Tensor]
-    """Per layer, [1, kv_heads, length, head_dim] (after RoPE, positions from 0)."""
-    values: list[torch.Tensor]
-    logits: torch.Tensor
-    """[V] float32: the logits that predict the first reply token."""
-    length: int
+def _logits(entry: CachedPrefix) -> torch.Tensor:
+    if entry.logits is None:  # pragma: no cover - exact() returns prompts only
+        raise AssertionError("a cached reply has no next-token logits")
+    return entry.logits
 
 
 class Sampler:
@@ -214,6 +217,11 @@ class Sampler:
     rows to add (possibly none); new rows are prefilled on their own and joined to the
     running batch, so a request that arrives mid-generation need not wait for the others.
     Joining needs plain ``DynamicLayer`` caches; for other caches nothing is admitted.
+
+    ``prompt_cache`` holds computed sequences of this model under its current weights
+    (the caller clears it when they change); prompts are prefilled from their longest
+    cached prefix, and every finished row is added to it (its prompt and reply: the
+    beginning of the agent's next prompt). None: a private cache for this sampler.
     """
 
     def __init__(
@@ -227,6 +235,7 @@ class Sampler:
         generator: torch.Generator | None = None,
         stats: dict[str, int] | None = None,
         on_token: Callable[[Row], None] | None = None,
+        prompt_cache: PromptCache | None = None,
     ) -> None:
         self.model = model
         self.on_token = on_token
@@ -241,93 +250,157 @@ class Sampler:
         self.cache_arg = _cache_argument(model)
         self.stats = stats if stats is not None else {}
         """Counters updated live: ``steps`` (forward passes, prefills included),
-        ``row_steps`` (rows carried, summed over passes) and ``prefill_tokens`` (prompt
-        positions computed: a prompt shared by several rows counts once)."""
-        self._prompts: OrderedDict[tuple[int, ...], _Prompt] = OrderedDict()
-        """Prompts computed in this loop (one policy), for later rows with the same ids."""
-        self._prompt_positions = 0
+        ``row_steps`` (rows carried, summed over passes), ``prefill_tokens`` (prompt
+        positions computed: a prompt shared by several rows counts once) and
+        ``cached_tokens`` (prompt positions taken from the prompt cache instead)."""
+        self.prompts = (
+            prompt_cache if prompt_cache is not None else PromptCache(DEFAULT_CACHE_POSITIONS)
+        )
+
+    def _count(self, name: str, n: int) -> None:
+        self.stats[name] = self.stats.get(name, 0) + n
 
     def _forward(self, cache: Any, **kwargs: Any) -> torch.Tensor:
-        self.stats["steps"] = self.stats.get("steps", 0) + 1
-        rows = int(kwargs["input_ids"].shape[0])
-        self.stats["row_steps"] = self.stats.get("row_steps", 0) + rows
+        self._count("steps", 1)
+        self._count("row_steps", int(kwargs["input_ids"].shape[0]))
         return _forward(self.model, self.cache_arg, cache, **kwargs)
 
     def _prefill(self, rows: list[Row]) -> tuple[_Batch, torch.Tensor]:
         """The batch of ``rows`` after their prompts, and its next logits [b, V].
 
-        Each distinct prompt is computed once: rows with the same prompt ids (a GRPO
-        group's samples, a prompt seen earlier in this loop) share its keys and values,
-        copied into their own cache rows, and its last logits."""
+        Each distinct prompt is computed once, from its longest cached prefix: rows with
+        the same prompt ids share its keys and values (copied into their own cache
+        rows) and its last logits."""
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
         if not _mergeable(cache):  # layers we cannot rebuild: one padded pass over all rows
-            prompts = self._compute([r.prompt_ids for r in rows], cache, keep=False)
+            prompts = self._extend(None, 0, [tuple(r.prompt_ids) for r in rows], cache)
             return self._assemble(rows, prompts, cache, built=True)
         keys = [tuple(r.prompt_ids) for r in rows]
-        new = [k for k in dict.fromkeys(keys) if k not in self._prompts]
-        fresh = dict(zip(new, self._compute([list(k) for k in new]), strict=True)) if new else {}
-        entries = [fresh[k] if k in fresh else self._prompts[k] for k in keys]
-        self._remember(fresh)
-        return self._assemble(rows, entries, cache)
+        ready: dict[tuple[int, ...], CachedPrefix] = {}
+        todo = []
+        for key in dict.fromkeys(keys):
+            entry = self.prompts.exact(key)
+            if entry is None:
+                todo.append(key)
+            else:
+                ready[key] = entry
+                self._count("cached_tokens", entry.length)
+        ready.update(self._compute(todo))
+        return self._assemble(rows, [ready[k] for k in keys], cache)
 
-    def _compute(
-        self, prompts: list[list[int]], cache: Any = None, *, keep: bool = True
-    ) -> list[_Prompt]:
-        """One left-padded pass over ``prompts`` (into ``cache`` when given); each one's
-        logits, and with ``keep`` its keys and values (views of the pass's cache)."""
+    def _compute(self, prompts: list[tuple[int, ...]]) -> dict[tuple[int, ...], CachedPrefix]:
+        """Compute ``prompts`` (distinct, none cached exactly) into the prompt cache, each
+        from its longest cached prefix; a long beginning several of them share that the
+        cache lacks (a first wave of calls to a new agent) is computed once first."""
+        if self.prompts.max_positions:
+            self._share_beginnings(prompts)
+        groups: dict[int, tuple[CachedPrefix | None, int, list[tuple[int, ...]]]] = {}
+        for p in prompts:
+            base, m = self.prompts.longest(p)
+            if m < _MIN_REUSE:
+                base, m = None, 0
+            _, m0, members = groups.setdefault(id(base), (base, m, []))
+            members.append(p)
+            groups[id(base)] = (base, min(m0, m), members)
+        out: dict[tuple[int, ...], CachedPrefix] = {}
+        for base, m, members in groups.values():
+            for entry in self._extend(base, m, members):
+                self.prompts.add(entry)
+                out[entry.ids] = entry
+        return out
+
+    def _share_beginnings(self, prompts: list[tuple[int, ...]]) -> None:
+        """Cache the beginnings that runs of ``prompts`` (in sorted order) share beyond
+        what the cache already holds, each computed once."""
+        ordered = sorted(prompts)
+        i = 0
+        while i < len(ordered) - 1:
+            j, shared = i, len(ordered[i]) - 1
+            while j + 1 < len(ordered):
+                n = min(common_prefix(ordered[j], ordered[j + 1]), len(ordered[j + 1]) - 1)
+                if min(shared, n) < _MIN_REUSE:
+                    break
+                shared, j = min(shared, n), j + 1
+            if j > i:
+                beginning = ordered[i][:shared]
+                base, m = self.prompts.longest(beginning, whole=True)
+                if shared - m >= _MIN_REUSE and shared <= self.prompts.max_positions:
+                    if m < _MIN_REUSE:
+                        base, m = None, 0
+                    [entry] = self._extend(base, m, [beginning])
+                    self.prompts.add(entry)
+            i = j + 1
+
+    def _extend(
+        self,
+        base: CachedPrefix | None,
+        m: int,
+        prompts: list[tuple[int, ...]],
+        cache: Any = None,
+    ) -> list[CachedPrefix]:
+        """One pass computing ``prompts``, which all start with ``base``'s first ``m`` ids
+        (``m == 0``: from scratch): each row is ``base[:m]`` (cached), its own rest
+        left-padded, so every row's last position is real. Returns each prompt's entry;
+        with ``cache`` given, the pass runs in it and keeps the rows as they are (no
+        entries are cut out: ``keys``/``values`` are left empty)."""
         from transformers import DynamicCache
 
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)  # [n, L]
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [n, L], 0 = padding
-        for i, p in enumerate(prompts):
-            input_ids[i, width - len(p) :] = torch.tensor(p)
-            mask[i, width - len(p) :] = 1
-        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [n, L], real tokens count from 0
+        rests = [p[m:] for p in prompts]
+        n, width = len(prompts), max(len(r) for r in rests)
+        input_ids = torch.full((n, width), self.pad_id, dtype=torch.long)  # [n, W]
+        own = torch.zeros((n, width), dtype=torch.long)  # [n, W], 0 = padding
+        for i, r in enumerate(rests):
+            input_ids[i, width - len(r) :] = torch.tensor(r)
+            own[i, width - len(r) :] = 1
+        input_ids, own = input_ids.to(self.device), own.to(self.device)
+        positions = m + (own.cumsum(-1) - 1).clamp(min=0)  # [n, W]; real tokens count on from m
+        mask = torch.cat([own.new_ones((n, m)), own], dim=1)  # [n, m + W]
+        keep = cache is None
         if cache is None:
             cache = DynamicCache(config=self.model.config)
-        self.stats["prefill_tokens"] = self.stats.get("prefill_tokens", 0) + sum(map(len, prompts))
+        if m:
+            assert base is not None
+            for li, layer in enumerate(cache.layers):  # [n, h, m, d], expanded, not copied
+                k, v = base.keys[li][:, :, :m], base.values[li][:, :, :m]
+                layer.update(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1))
+            self._count("cached_tokens", m * n)
+        self._count("prefill_tokens", sum(map(len, rests)))
         logits = self._forward(
             cache, input_ids=input_ids, attention_mask=mask, position_ids=positions
         )
         layers = list(cache.layers) if keep else []
         out = []
-        for i, p in enumerate(prompts):
-            start = width - len(p)
+        for i, (p, r) in enumerate(zip(prompts, rests, strict=True)):
+            start = m + width - len(r)  # where row i's own positions begin
+
+            def cut(x: torch.Tensor, i: int = i, start: int = start) -> torch.Tensor:
+                row = x[i : i + 1]  # [1, h, m + W, d]
+                if m == 0:
+                    return row[:, :, start:]  # a view of the pass's cache
+                return torch.cat([row[:, :, :m], row[:, :, start:]], dim=2)
+
             out.append(
-                _Prompt(
-                    [layer.keys[i : i + 1, :, start:] for layer in layers],
-                    [layer.values[i : i + 1, :, start:] for layer in layers],
+                CachedPrefix(
+                    p,
+                    [cut(layer.keys) for layer in layers],
+                    [cut(layer.values) for layer in layers],
                     logits[i],
-                    len(p),
                 )
             )
         return out
 
-    def _remember(self, fresh: dict[tuple[int, ...], _Prompt]) -> None:
-        """Keep new prompts for later rows, oldest forgotten past the position budget."""
-        for key, prompt in fresh.items():
-            if prompt.length > _PROMPT_CACHE_POSITIONS:
-                continue
-            self._prompts[key] = prompt
-            self._prompt_positions += prompt.length
-        while self._prompt_positions > _PROMPT_CACHE_POSITIONS:
-            _, old = self._prompts.popitem(last=False)
-            self._prompt_positions -= old.length
-
     def _assemble(
-        self, rows: list[Row], entries: list[_Prompt], cache: Any, *, built: bool = False
+        self, rows: list[Row], entries: list[CachedPrefix], cache: Any, *, built: bool = False
     ) -> tuple[_Batch, torch.Tensor]:
-        """The batch whose row i continues ``entries[i]``; ``built``: ``cache`` already
-        holds exactly these rows (the pass that computed them)."""
+        """The batch whose row i continues ``entries[i]`` (prompts: each has its logits);
+        ``built``: ``cache`` already holds exactly these rows (the pass that computed them)."""
         width = max(e.length for e in entries)
         if built:
-            logits = torch.stack([e.logits for e in entries])
+            logits = torch.stack([_logits(e) for e in entries])
         else:
-            distinct = list(dict.fromkeys(entries))  # _Prompt hashes by identity
+            distinct = list(dict.fromkeys(entries))  # hashed by identity
             spread = distinct != entries  # then row i takes distinct[select[i]]
             index = {id(e): i for i, e in enumerate(distinct)}
             select = torch.tensor([index[id(e)] for e in entries], device=self.device)
@@ -338,7 +411,7 @@ class Sampler:
                 if spread:
                     keys, values = keys.index_select(0, select), values.index_select(0, select)
                 layer.update(keys, values)
-            logits = torch.stack([e.logits for e in distinct])  # [n, V]
+            logits = torch.stack([_logits(e) for e in distinct])  # [n, V]
             if spread:
                 logits = logits.index_select(0, select)
         mask = torch.zeros((len(rows), width), dtype=torch.long, device=self.device)  # [b, S]
@@ -360,9 +433,23 @@ class Sampler:
                 if self.on_token is not None:
                     self.on_token(row)
             else:
+                self._remember_row(batch, i)
                 self.on_finish(row)
         batch.tokens = torch.tensor(tokens, device=self.device)
         batch.select(keep)
+
+    def _remember_row(self, batch: _Batch, i: int) -> None:
+        """Cache finished row ``i``'s computed positions (its prompt and every sampled token
+        but the last, which was never fed): an agent's next prompt usually starts so."""
+        row = batch.rows[i]
+        n = int(batch.next_pos[i])
+        if n > self.prompts.max_positions or not _mergeable(batch.cache):
+            return
+        ids = tuple(row.prompt_ids) + tuple(row.ids[: n - len(row.prompt_ids)])
+        layers = batch.cache.layers  # row i's positions are the last n columns
+        keys = [layer.keys[i : i + 1, :, -n:].clone() for layer in layers]
+        values = [layer.values[i : i + 1, :, -n:].clone() for layer in layers]
+        self.prompts.add(CachedPrefix(ids, keys, values, None))
 
     @torch.no_grad()
     def run(self, rows: list[Row], admit: Callable[[int], list[Row]], max_batch: int) -> None:

@@ -9,9 +9,11 @@ Threads: one worker thread owns generation, so the asyncio loop that awaits ``ge
 stays free. Requests that arrive within ``batch_window_s`` of each other (up to
 ``max_batch``) start one sampling loop together; a request that arrives while a loop runs
 joins it at the next step when a slot is free (continuous batching). Each reply is
-returned as soon as its own row stops. Within a loop, requests with the same prompt share
-one prefill, and on a CPU a LoRA model samples through merged weights (``_lora_merge``:
-the model's own tensors untouched), one matmul per adapted layer.
+returned as soon as its own row stops. A prompt is computed from the longest prefix the
+backend computed before under the same weights (``_prompt_cache``: the system prompt and
+tools an agent repeats, the previous turns of an episode; requests with the same prompt
+share one prefill), and on a CPU a LoRA model samples through merged weights
+(``_lora_merge``: the model's own tensors untouched), one matmul per adapted layer.
 
 Token truth (what each ``Generation`` records):
 
@@ -57,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 import boltrl_trainer._chat as _chat
 from boltrl.errors import BackendError, BackendUnavailable, InvalidInput
 from boltrl.gateway.backend import Generation, GenerationRequest
+from boltrl_trainer._prompt_cache import DEFAULT_CACHE_POSITIONS, PromptCache
 from boltrl_trainer.models import DEFAULT_MODEL, ensure_chat_template, is_default, load_model
 from boltrl_trainer.update import load_trainable
 
@@ -101,6 +104,9 @@ class TransformersBackend:
         model_name: the name served under ``/v1/models`` (default: the model's name).
         seed: seeds the shared sampling generator (requests with their own ``seed`` use
             a private generator, so they repeat exactly when run alone).
+        cache_positions: most token positions whose keys and values are kept for later
+            prompts that start the same way (emptied whenever the weights may change:
+            on ``paused()``); 0 turns prefix reuse off.
 
     Promises: ``generate`` may be awaited concurrently from any number of tasks and never
     blocks the event loop; ``generate_sync`` may be called from any thread. Both raise
@@ -120,6 +126,7 @@ class TransformersBackend:
         max_tokens: int = 1024,
         model_name: str | None = None,
         seed: int | None = None,
+        cache_positions: int = DEFAULT_CACHE_POSITIONS,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch: must be at least 1")
@@ -127,6 +134,8 @@ class TransformersBackend:
             raise ValueError("batch_window_s: must be >= 0")
         if max_tokens < 1:
             raise ValueError("max_tokens: must be at least 1")
+        if cache_positions < 0:
+            raise ValueError("cache_positions: must be >= 0")
         if isinstance(model, str | os.PathLike):
             name = DEFAULT_MODEL if is_default(model) else str(model)
             loaded, loaded_tok = load_model(model, device=device, dtype=dtype)
@@ -151,12 +160,14 @@ class TransformersBackend:
         self._closed = False
         self._start_lock = threading.Lock()
         self._generator: torch.Generator | None = None
+        self._prompts = PromptCache(cache_positions)  # used under self._lock only
         self._stats = dict.fromkeys(
             (
                 "batches",
                 "requests",
                 "prompt_tokens",
                 "prefill_tokens",
+                "cached_tokens",
                 "completion_tokens",
                 "steps",
                 "row_steps",
@@ -272,14 +283,16 @@ class TransformersBackend:
             with self._pause_count_lock:
                 self._pause_requests -= 1
         try:
+            self._prompts.clear()  # whatever happens in the block may change the weights
             yield
         finally:
             self._lock.release()
 
     def stats(self) -> dict[str, int]:
         """Counters since start: ``batches`` (sampling loops started), ``requests``,
-        ``prompt_tokens``, ``prefill_tokens`` (prompt positions the model computed: rows
-        of one loop with the same prompt share one computation), ``completion_tokens``,
+        ``prompt_tokens``, ``prefill_tokens`` (prompt positions the model computed),
+        ``cached_tokens`` (prompt positions taken from keys and values computed before:
+        a shared prompt, the beginning of an earlier prompt or reply), ``completion_tokens``,
         ``steps`` (forward passes) and ``row_steps`` (rows carried, summed over steps:
         ``row_steps / steps`` is the mean batch occupancy)."""
         return dict(self._stats)
@@ -491,6 +504,7 @@ class TransformersBackend:
                 generator=self._generator,
                 stats=self._stats,
                 on_token=token,
+                prompt_cache=self._prompts,
             )
             was_training = model.training
             model.eval()
