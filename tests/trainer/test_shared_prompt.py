@@ -13,7 +13,7 @@ from boltrl.gateway.backend import GenerationRequest
 from boltrl.records import Transition
 from boltrl_trainer import _shared_prompt
 from boltrl_trainer.algorithms import make_config
-from boltrl_trainer.batching import pack_shared_microbatches
+from boltrl_trainer.batching import pack_shared_microbatches, shared_cost
 from boltrl_trainer.config import LoraConfig, OptimConfig
 from boltrl_trainer.models import load_model, tiny_model
 from boltrl_trainer.policy import apply_lora
@@ -62,15 +62,39 @@ def _groups(seed: int = 0) -> list[Transition]:
     return out
 
 
+def _family(seed: int = 0) -> list[Transition]:
+    """Four distinct states that share a 40-token beginning (an agent's system prompt and
+    tools), one of them sampled three times, actions of 1-6 tokens."""
+    rng = random.Random(seed)
+    common = [rng.randrange(5, 400) for _ in range(40)]
+    out: list[Transition] = []
+    for first, n_rest, n_rows in ((401, 3, 3), (402, 8, 1), (403, 1, 2), (404, 5, 1)):
+        state = common + [first] + [rng.randrange(5, 400) for _ in range(n_rest - 1)]
+        for _ in range(n_rows):
+            out.append(
+                _t(len(out), state, [rng.randrange(5, 400) for _ in range(rng.randint(1, 6))])
+            )
+    return out
+
+
 def _backend(model: Any, tok: Any) -> TorchTrainingBackend:
     return TorchTrainingBackend(model, make_config("grpo"), OptimConfig(), pad_id=tok.pad_token_id)
 
 
-def test_two_passes_equal_the_plain_forward_with_gradients(loaded: Any) -> None:
+@pytest.mark.parametrize(("family", "common"), [(_groups, 0), (_family, 40)])
+def test_two_passes_equal_the_plain_forward_with_gradients(
+    loaded: Any, family: Any, common: int
+) -> None:
+    """Each distinct state once (and, for states that share a long beginning, that
+    beginning once first): the plain forward's logprobs and gradients."""
     model, tok = loaded
     assert _shared_prompt.usable(model)
     tb = _backend(model, tok)
-    items = _groups()
+    items = family()
+    assert tb._tensors(items, [0.0] * len(items), shared=True)["shared"].common_ids.shape == (
+        1,
+        common,
+    )
     adv = [0.0] * len(items)
     grads = []
     values = []
@@ -139,6 +163,11 @@ def test_update_takes_the_shared_path_only_when_states_repeat(loaded: Any) -> No
         unique = [_t(i, [30 + i, 31, 32], [40, 41]) for i in range(4)]
         m = tb.update(TrainBatch(unique, [1.0, -1.0, 1.0, -1.0], policy_version=0, temperature=1.0))
         assert m["update/shared_states"] == 0.0
+        # distinct states that share a long beginning: it is computed once
+        opening = list(range(100, 140))
+        calls = [_t(i, [*opening, 30 + i, 31, 32], [40, 41]) for i in range(4)]
+        m = tb.update(TrainBatch(calls, [1.0, -1.0, 1.0, -1.0], policy_version=0, temperature=1.0))
+        assert m["update/shared_states"] == 1.0
     finally:
         with torch.no_grad():
             for n, p in model.named_parameters():
@@ -146,11 +175,12 @@ def test_update_takes_the_shared_path_only_when_states_repeat(loaded: Any) -> No
                     p.copy_(snapshot[n])
 
 
-def test_shared_update_equals_the_plain_update(loaded: Any) -> None:
+@pytest.mark.parametrize("family", [_groups, _family])
+def test_shared_update_equals_the_plain_update(loaded: Any, family: Any) -> None:
     """One optimizer step either way moves the weights to the same place."""
     model, tok = loaded
     snapshot = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    items = _groups(1)
+    items = family(1)
     adv = [1.0 if i % 3 else -0.5 for i in range(len(items))]
     after = []
     try:
@@ -194,3 +224,17 @@ def test_packing_keeps_groups_together_and_counts_each_state_once() -> None:
     assert pack_shared_microbatches(big, 512) == [[0], [1]]
     with pytest.raises(ValueError, match="max_tokens"):
         pack_shared_microbatches(items, 0)
+
+
+def test_packing_counts_a_shared_beginning_once() -> None:
+    """States that share a long beginning pack by ``shared + states * rest + rows *
+    action``: more of them fit a budget than whole states would, and the packing never
+    costs more than with the beginning counted in every state."""
+    opening = [7] * 200
+    items = [_t(i, [*opening, 1000 + i, 5, 6], [2] * 4) for i in range(12)]  # distinct
+    batches = pack_shared_microbatches(items, 512)
+    assert sorted(i for b in batches for i in b) == list(range(12))
+    assert batches == [list(range(12))]  # 200 + 12 * 3 + 12 * 4 = 284 <= 512
+    assert shared_cost(items, batches[0]) == 200 + 12 * (203 - 200) + 12 * 4
+    # without the beginning counted once, 12 states of 203 tokens need 5+ micro-batches
+    assert len(pack_shared_microbatches(items, 512, min_shared=10_000)) >= 5

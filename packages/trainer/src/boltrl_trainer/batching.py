@@ -99,43 +99,80 @@ def pack_microbatches(
     return batches
 
 
-def pack_shared_microbatches(items: Sequence[Transition], max_tokens: int) -> list[list[int]]:
+def pack_shared_microbatches(
+    items: Sequence[Transition], max_tokens: int, min_shared: int = 16
+) -> list[list[int]]:
     """Like ``pack_microbatches`` for a forward pass that computes each distinct state
-    once (``boltrl_trainer._shared_prompt``): a micro-batch costs
-    ``distinct states * longest state + rows * longest action`` padded positions.
+    once, and the prefix all of a micro-batch's states share (when ``>= min_shared``
+    tokens) once before them (``boltrl_trainer._shared_prompt``): a micro-batch costs
+    ``shared_cost``, ``shared + distinct states * (longest state - shared) + rows *
+    longest action`` padded positions.
 
     Rows with the same state (a GRPO group's samples of one prompt) are kept together, and
-    whole groups are taken longest state first, so a group is split across micro-batches
-    only when it alone exceeds ``max_tokens`` (then each part pays the state once). A row
-    whose state plus action exceeds ``max_tokens`` gets a micro-batch of its own. Every
-    index appears once.
+    whole groups are taken in one of two orders, longest state first or in the order of
+    their states' token ids (neighbours then share the longest prefixes: an agent's
+    system prompt and tools, a conversation's earlier turns); the cheaper packing is
+    kept. A group is split across micro-batches only when it alone exceeds ``max_tokens``
+    (then each part pays the state once). A row whose state plus action exceeds
+    ``max_tokens`` gets a micro-batch of its own. Every index appears once.
     """
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise InvalidInput(f"max_tokens: must be a positive integer (got {max_tokens!r})")
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, t in enumerate(items):
         groups.setdefault(tuple(t.state), []).append(i)
-    ordered = sorted(groups.items(), key=lambda kv: -len(kv[0]))
+    orders = [sorted(groups, key=lambda s: -len(s)), sorted(groups)]
+    packed = [_pack_groups(items, groups, order, max_tokens, min_shared) for order in orders]
+    return min(packed, key=lambda tb: tb[0])[1]
+
+
+def shared_cost(items: Sequence[Transition], batch: Sequence[int], min_shared: int = 16) -> int:
+    """Padded positions of ``batch`` in the shared forward (``pack_shared_microbatches``)."""
+    states = list(dict.fromkeys(tuple(items[i].state) for i in batch))
+    c = shared_prefix(states)
+    c = c if c >= min_shared else 0
+    longest = max(len(s) for s in states)
+    return c + len(states) * (longest - c) + len(batch) * max(len(items[i].action) for i in batch)
+
+
+def _pack_groups(
+    items: Sequence[Transition],
+    groups: dict[tuple[int, ...], list[int]],
+    order: list[tuple[int, ...]],
+    max_tokens: int,
+    min_shared: int,
+) -> tuple[int, list[list[int]]]:
+    """Greedy packing of whole groups in ``order``; returns (total cost, micro-batches)."""
     batches: list[list[int]] = []
-    # per open micro-batch: distinct states, longest state, rows, longest action
-    d = p = b = a = 0
-    for state, rows in ordered:
-        rows = sorted(rows, key=lambda i: -len(items[i].action))
+    # per open micro-batch: its first state, the prefix its states share, distinct
+    # states, longest state, rows, longest action
+    first: tuple[int, ...] = ()
+    c = d = p = b = a = 0
+
+    def cost(c: int, d: int, p: int, b: int, a: int) -> int:
+        c = c if c >= min_shared else 0
+        return c + d * (p - c) + b * a
+
+    for state in order:
+        rows = sorted(groups[state], key=lambda i: -len(items[i].action))
         s_len, a_max = len(state), len(items[rows[0]].action)
-        whole = (d + 1) * max(p, s_len) + (b + len(rows)) * max(a, a_max)
+        cw = min(c, shared_prefix([first, state])) if b else s_len - 1
+        whole = cost(cw, d + 1, max(p, s_len), b + len(rows), max(a, a_max))
         if batches and whole > max_tokens:  # the group does not fit whole: start afresh
-            d = p = b = a = 0
+            c = d = p = b = a = 0
         for i in rows:
             na = len(items[i].action)
-            dd = d + (b == 0 or i == rows[0])
-            cost = dd * max(p, s_len) + (b + 1) * max(a, na)
-            if b > 0 and cost <= max_tokens:
-                batches[-1].append(i)
-                d, p, b, a = dd, max(p, s_len), b + 1, max(a, na)
-            else:
-                batches.append([i])
-                d, p, b, a = 1, s_len, 1, na
-    return batches
+            new_state = b == 0 or i == rows[0]
+            if b > 0:
+                cn = min(c, shared_prefix([first, state])) if new_state else c
+                n = cost(cn, d + new_state, max(p, s_len), b + 1, max(a, na))
+                if n <= max_tokens:
+                    batches[-1].append(i)
+                    c, d, p, b, a = cn, d + new_state, max(p, s_len), b + 1, max(a, na)
+                    continue
+            batches.append([i])
+            first, c, d, p, b, a = state, s_len - 1, 1, s_len, 1, na
+    return sum(shared_cost(items, bt, min_shared) for bt in batches), batches
 
 
 def shared_prefix(states: Sequence[Sequence[int]]) -> int:

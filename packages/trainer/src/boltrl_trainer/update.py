@@ -21,8 +21,10 @@ They cost no extra forward pass: the first epoch's forward runs exactly those we
 (the optimizer steps once per epoch), so its detached logprobs are reused; only a model
 with active dropout gets a separate no-grad pass in eval mode (``_proximal``).
 Rows with equal states (a GRPO group's samples of one prompt) compute that state once
-per micro-batch, gradients included (``_shared_prompt``; 2.2x faster on the demo's
-update); batches without a repeated state take the plain padded forward.
+per micro-batch, and the prefix a micro-batch's states share (an agent's system prompt
+and tool schemas) once before them, gradients included (``_shared_prompt``; 2.2x faster
+on the demo's update); a batch where that computes no fewer positions takes the plain
+padded forward.
 
 Everything before the update (rollouts, credit assignment, advantages) is shared by all
 backends.
@@ -45,6 +47,7 @@ from boltrl_trainer.batching import (
     index_rollouts,
     pack_microbatches,
     pack_shared_microbatches,
+    shared_cost,
     token_logprobs,
 )
 from boltrl_trainer.config import OptimConfig
@@ -114,6 +117,9 @@ class TorchTrainingBackend:
         self._use_ref = algo.kl_coef > 0
         self._share_states = _shared_prompt.usable(model)
         """Whether rows with equal states may share one computation of it (``update``)."""
+        self.min_shared = 16
+        """Fewest positions a micro-batch's states must share for the shared forward to
+        compute them once (a shorter prefix is not worth a pass of its own)."""
         log.info("torch backend: %d trainable params", sum(p.numel() for p in self.params))
 
     @property
@@ -207,7 +213,7 @@ class TorchTrainingBackend:
             "adv": torch.tensor(list(advantages), dtype=torch.float32, device=dev),
         }
         if shared:
-            out["shared"] = _shared_prompt.shared_inputs(items, self.pad_id, dev)
+            out["shared"] = _shared_prompt.shared_inputs(items, self.pad_id, dev, self.min_shared)
             return out
         seqs = [t.state + t.action for t in items]
         s_len = max(len(s) for s in seqs)
@@ -262,11 +268,7 @@ class TorchTrainingBackend:
             return {"update/skipped": 1.0, "time/update_s": 0.0}
         rows, tokens = index_rollouts(items)
         rollout_tokens = torch.tensor(tokens, dtype=torch.float32, device=self.device)
-        # rows with equal states (a GRPO group's samples of one prompt) share one
-        # computation of it; a batch without any keeps the plain forward
-        shared = self._share_states and len({tuple(t.state) for t in items}) < len(items)
-        pack = pack_shared_microbatches if shared else pack_microbatches
-        micro = pack(items, self.optim_cfg.token_budget)
+        micro, shared = self._pack(items)
         stale = [staleness_of(t, self._version) > 0 for t in items]
         prox_cache: dict[int, torch.Tensor] = {}  # computed in epoch 0: the proximal weights
         is_sums = dict.fromkeys(("n", "w", "w2", "max", "trunc"), 0.0)
@@ -340,6 +342,23 @@ class TorchTrainingBackend:
             metrics["update/proximal_passes"] = float(passes)  # separate forwards (dropout)
         metrics["time/update_s"] = time.perf_counter() - t0
         return metrics
+
+    def _pack(self, items: Sequence[Transition]) -> tuple[list[list[int]], bool]:
+        """Micro-batches, and whether they take the shared forward: rows with equal states
+        (a GRPO group's samples of one prompt) computing that state once, and the prefix
+        their states share (an agent's system prompt and tools) once; taken when it
+        computes fewer positions than the plain padded forward."""
+        budget = self.optim_cfg.token_budget
+        plain = pack_microbatches(items, budget)
+        if not self._share_states:
+            return plain, False
+        shared = pack_shared_microbatches(items, budget, self.min_shared)
+        plain_cost = sum(
+            len(b) * max(len(items[i].state) + len(items[i].action) for i in b) for b in plain
+        )
+        if sum(shared_cost(items, b, self.min_shared) for b in shared) < plain_cost:
+            return shared, True
+        return plain, False
 
     def _proximal(
         self,
