@@ -1,6 +1,8 @@
 """Prefix reuse in the in-process backend, on an example's real agent: wall time of its
 rollouts with the prompt cache and without it (``cache_positions=0``), prompt positions
-computed and taken from the cache, and peak memory.
+computed and taken from the cache, and peak memory. A third mode keeps the cache but not
+``freeze_long_lived`` (the session's ``gc.freeze`` after setup), so every finished async
+rollout's garbage collection scans the whole heap again.
 
 An example's agent runs on ``--tasks`` validation tasks (greedy, as validation runs them;
 ``--temperature T --group G``: G samples of each task at T, as a training step runs them)
@@ -20,6 +22,7 @@ medians over the repeats. Peak memory is the process's RSS high-water mark after
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import resource
 import statistics
@@ -30,17 +33,28 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from boltrl.runner import freeze_long_lived
+
 
 def one_run(
-    cfg: Any, checkpoint: str | None, positions: int, tasks: list[Any], temp: float
+    cfg: Any,
+    checkpoint: str | None,
+    positions: int,
+    tasks: list[Any],
+    temp: float,
+    freeze: bool = True,
 ) -> dict[str, float]:
     from boltrl.credit import CreditConfig
     from boltrl.loading import load_object
     from boltrl.scoring import summarize_scores
     from boltrl.store import open_store
+    from boltrl_trainer import session as session_module
     from boltrl_trainer.policy import load_policy
     from boltrl_trainer.serving import TransformersBackend
     from boltrl_trainer.session import RolloutSession, Sampling
+
+    gc.unfreeze()  # every mode starts from a heap nothing froze
+    session_module.freeze_long_lived = freeze_long_lived if freeze else (lambda: None)
 
     model, tok = load_policy(cfg, lora=checkpoint is not None)
     backend = TransformersBackend(
@@ -106,16 +120,22 @@ def main() -> None:
     val = load_tasks(cfg.tasks.val, split="val")[: args.tasks]
     positions = DEFAULT_CACHE_POSITIONS if args.positions is None else args.positions
     load0 = os.getloadavg()[0]
-    runs: dict[int, list[dict[str, float]]] = {positions: [], 0: []}
+    modes = {
+        f"on, {positions} positions": (positions, True),
+        "off": (0, True),
+        f"on, {positions} positions, no gc.freeze": (positions, False),
+    }
+    runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     for rep in range(args.repeat):
-        for mode in (positions, 0) if rep % 2 == 0 else (0, positions):
+        for mode in list(modes) if rep % 2 == 0 else list(reversed(modes)):
+            size, freeze = modes[mode]
             tasks = tag_tasks(
-                val, run=f"bench-{rep}-{mode}", step=0, phase="val", repeat=args.group
+                val, run=f"bench-{rep}-{len(runs[mode])}", step=0, phase="val", repeat=args.group
             )
-            r = one_run(cfg, args.checkpoint, mode, tasks, args.temperature)
+            r = one_run(cfg, args.checkpoint, size, tasks, args.temperature, freeze)
             runs[mode].append(r)
             print(
-                f"repeat {rep} cache {mode:>6}: {r['wall_s']:.1f} s, reward {r['reward']:.3f}, "
+                f"repeat {rep} cache {mode}: {r['wall_s']:.1f} s, reward {r['reward']:.3f}, "
                 f"prefill {r['prefill_tokens']:.0f} / cached {r['cached_tokens']:.0f} of "
                 f"{r['prompt_tokens']:.0f} prompt tokens, {r['completion_tokens']:.0f} generated, "
                 f"peak RSS {r['peak_rss_mb']:.0f} MB",
@@ -131,8 +151,7 @@ def main() -> None:
     )
     print("|---|---:|---:|---:|---:|")
     med = statistics.median
-    for mode, rs in runs.items():
-        label = f"on, {mode} positions" if mode else "off"
+    for label, rs in runs.items():
         wall = med(r["wall_s"] for r in rs)
         computed = med(r["prefill_tokens"] for r in rs)
         cached = med(r["cached_tokens"] for r in rs)

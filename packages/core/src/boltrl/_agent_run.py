@@ -151,6 +151,18 @@ def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
             )
 
 
+def freeze_long_lived() -> None:
+    """Collect garbage once, then exempt every object alive now from later collections
+    (``gc.freeze``). For a process that has loaded what it keeps (a model, the SDKs):
+    each finished async rollout collects garbage (``_close_loop``), and a full collection
+    scans every tracked object, ~0.4 s with torch, transformers and a model loaded (575k
+    objects) while holding the GIL that generation needs; after this it scans only what
+    was made since. Frozen objects that later become cyclic garbage are never freed, so
+    call it after setup, not per rollout."""
+    gc.collect()
+    gc.freeze()
+
+
 async def _collect_garbage() -> None:
     gc.collect()
     # Let the close tasks that collection scheduled run (bounded).

@@ -43,6 +43,7 @@ from typing import Any, Literal
 from boltrl._agent_run import AgentFn as AgentFn
 from boltrl._agent_run import Retryable as Retryable
 from boltrl._agent_run import _AgentRun, _as_reward, _default_retryable
+from boltrl._agent_run import freeze_long_lived as freeze_long_lived
 from boltrl._workers import AgentLoadError, ProcessRun, SlotWorkers, WorkerDied
 from boltrl.context import RolloutContext
 from boltrl.errors import BoltrlError, Conflict, NotFound

@@ -25,7 +25,7 @@ from boltrl.credit import CreditConfig
 from boltrl.gateway import Gateway
 from boltrl.gateway.backend import Backend, Generation, GenerationRequest, stream_of
 from boltrl.records import Resources, Rollout, Task
-from boltrl.runner import AgentFn, Runner
+from boltrl.runner import AgentFn, Runner, freeze_long_lived
 from boltrl.scoring import summarize_scores
 from boltrl.store.base import Store
 from boltrl_trainer.config import TrainConfig
@@ -178,6 +178,7 @@ class RolloutSession:
         )
 
     def __enter__(self) -> RolloutSession:
+        freeze_long_lived()  # the model and the agent's SDKs are loaded by now
         self.gateway.start()
         self.publish()
         self.runner.start()

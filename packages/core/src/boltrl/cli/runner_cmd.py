@@ -48,7 +48,7 @@ def _add(p: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     from boltrl.errors import BoltrlError
     from boltrl.loading import load_object
-    from boltrl.runner import Runner
+    from boltrl.runner import Runner, freeze_long_lived
     from boltrl.store import open_store
 
     try:
@@ -76,6 +76,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"boltrl runner: {e}")
         store.close()
         return 2
+    freeze_long_lived()  # the agent and its SDKs are loaded: keep collections short
     print(f"boltrl runner {runner.worker_id}: {args.concurrency} slot(s) on {args.store}")
     try:
         stats = runner.run(max_rollouts=args.max_rollouts, exit_when_idle=args.exit_when_idle)
