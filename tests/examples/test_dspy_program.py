@@ -64,6 +64,20 @@ def test_shipped_problems_are_graded_disjoint_and_right() -> None:
     )
 
 
+def test_teacher_spells_out_every_shipped_training_problem() -> None:
+    """The warm start's plans show each multiplication or division and end in the gold
+    answer, on every level (a plan that only states the answer teaches the student to
+    state a number without the arithmetic)."""
+    from dspy_program.teacher import plan_for
+
+    for t in _tasks("train"):
+        plan = plan_for(t)
+        steps = plan.splitlines()
+        assert len(steps) >= 2 and "Work out" not in plan, (t["question"], plan)
+        assert f"= {t['answer']} " in steps[-1], (t["question"], plan)
+        assert any(op in plan for op in (" * ", " / ")), plan
+
+
 def test_reads_a_question_answer_file(tmp_path: Path) -> None:
     src = tmp_path / "gsm8k.jsonl"
     rows = [
