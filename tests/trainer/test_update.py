@@ -142,3 +142,44 @@ def _sample_later(backend: TransformersBackend) -> Any:
         messages=[{"role": "user", "content": "Hi"}], temperature=0, max_tokens=2
     )
     return backend.submit(request)
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_kl_reference_is_the_policy_rl_started_from(tmp_path: Any, lora: bool) -> None:
+    """The KL penalty anchors to the weights of the first update (after a warm start,
+    the warm-started policy; not the base model under the adapters), with LoRA and with a
+    full fine-tune, and a checkpoint keeps that anchor for a resumed run."""
+    torch.manual_seed(0)
+    model, tok = load_model(str(tiny_model()))
+    if lora:
+        model = apply_lora(model, LoraConfig(r=4, alpha=8))
+    model.train(False)
+    backend = TransformersBackend(model, tok, max_batch=4, seed=2)
+    try:
+        gens = _sample(backend, ["hi", "hi", "a longer prompt", "a longer prompt"], 1.0)
+    finally:
+        backend.close()
+    trans = _transitions(gens)
+    algo = make_config("grpo", {"kl_coef": 0.5})
+
+    def trainer(m: Any) -> TorchTrainingBackend:
+        return TorchTrainingBackend(m, algo, OptimConfig(lr=1e-2), pad_id=tok.pad_token_id)
+
+    tb = trainer(model)
+    with torch.no_grad():  # "a warm start": trainable weights away from the base model's
+        for p in tb.params:
+            p.add_(0.01 * torch.randn_like(p))
+    start = [p.detach().clone() for p in tb.params]
+    batch = TrainBatch(trans, [1.0, -1.0, 1.0, -1.0], policy_version=0, temperature=1.0)
+    first = tb.update(batch)
+    assert first["update/kl_ref"] < 1e-9  # the policy is its own reference at the start
+    assert tb._ref is not None
+    assert all(torch.equal(r, s) for r, s in zip(tb._ref, start, strict=True))
+    second = tb.update(batch)
+    assert second["update/kl_ref"] > 1e-7  # the weights moved away from it
+
+    tb.save(tmp_path / "ckpt")
+    resumed = trainer(model)
+    resumed.load(tmp_path / "ckpt", policy_version=2)
+    assert resumed._ref is not None
+    assert all(torch.equal(r, s) for r, s in zip(resumed._ref, start, strict=True))

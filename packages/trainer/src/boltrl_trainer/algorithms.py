@@ -79,8 +79,9 @@ class _PolicyConfig:
     clip_eps_high: float = 0.2
     """The ratio is clipped above at ``1 + clip_eps_high``; >= 0 (DAPO uses 0.28)."""
     kl_coef: float = 0.0
-    """Weight of the k3 KL penalty to the reference policy; 0 turns it off (then no
-    reference logprobs are needed)."""
+    """Weight of the k3 KL penalty to the reference policy, the weights RL started from
+    (after a warm start or ``init_from``: those); 0 turns it off (then no reference
+    logprobs are needed)."""
     loss_normalization: LossNormalization = "rollout"
     """``rollout``: average each rollout's tokens, then over rollouts (long episodes do
     not dominate); ``token``: every trained token of the batch weighs the same."""

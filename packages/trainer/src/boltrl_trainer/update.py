@@ -32,10 +32,11 @@ backends.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +63,7 @@ log = logging.getLogger(__name__)
 __all__ = ["TorchTrainingBackend", "load_trainable", "save_trainable", "training_copy"]
 
 _IS_KEYS = ("is_weight_mean", "is_weight_std", "is_weight_max", "truncated_frac")
+_REFERENCE = "reference.safetensors"
 
 
 def training_copy(model: Any) -> Any:
@@ -115,6 +117,9 @@ class TorchTrainingBackend:
         )
         self.device = next(model.parameters()).device
         self._use_ref = algo.kl_coef > 0
+        self._ref: list[torch.Tensor] | None = None
+        """The KL penalty's reference: the trainable weights RL started from (taken at the
+        first update, so after a warm start or ``init_from``; kept in checkpoints)."""
         self._share_states = _shared_prompt.usable(model)
         """Whether rows with equal states may share one computation of it (``update``)."""
         self.min_shared = 16
@@ -266,6 +271,8 @@ class TorchTrainingBackend:
         items = batch.transitions
         if not items:  # every group had equal rewards: nothing to learn from this batch
             return {"update/skipped": 1.0, "time/update_s": 0.0}
+        if self._use_ref and self._ref is None:  # the weights RL starts from
+            self._ref = [p.detach().clone() for p in self.params]
         rows, tokens = index_rollouts(items)
         rollout_tokens = torch.tensor(tokens, dtype=torch.float32, device=self.device)
         micro, shared = self._pack(items)
@@ -284,6 +291,10 @@ class TorchTrainingBackend:
                 x = self._tensors(
                     [items[i] for i in mb], [batch.advantages[i] for i in mb], shared=shared
                 )
+                ref = None
+                if self._use_ref:  # before the forward with grad: it swaps weights in place
+                    with torch.no_grad(), self._reference_weights():
+                        ref = self._logprobs(x, batch.temperature)
                 new = self._logprobs(x, batch.temperature)
                 prox = None
                 if any(stale[i] for i in mb):
@@ -294,10 +305,6 @@ class TorchTrainingBackend:
                         prox_cache[j] = self._proximal(x, [stale[i] for i in mb], batch, first)
                         t_prox += time.perf_counter() - t1
                     prox = prox_cache[j]
-                ref = None
-                if self._use_ref:
-                    with torch.no_grad(), self.model.disable_adapter():
-                        ref = self._logprobs(x, batch.temperature)
                 idx = torch.tensor([rows[i] for i in mb], dtype=torch.long, device=self.device)
                 loss, m = policy_loss(
                     new,
@@ -360,6 +367,25 @@ class TorchTrainingBackend:
             return shared, True
         return plain, False
 
+    @contextlib.contextmanager
+    def _reference_weights(self) -> Iterator[None]:
+        """The KL reference's weights in the trainable parameters inside the block (the
+        model's frozen weights are shared, so this is the whole reference policy; with a
+        full fine-tune it copies the model twice a micro-batch)."""
+        import torch
+
+        assert self._ref is not None
+        with torch.no_grad():
+            own = [p.detach().clone() for p in self.params]
+            for p, r in zip(self.params, self._ref, strict=True):
+                p.copy_(r)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, o in zip(self.params, own, strict=True):
+                    p.copy_(o)
+
     def _proximal(
         self,
         x: dict[str, Any],
@@ -393,17 +419,32 @@ class TorchTrainingBackend:
     # -- checkpoints ----------------------------------------------------------------
 
     def save(self, path: Path) -> None:
-        """Trainable weights (safetensors) and optimizer state into ``path``."""
+        """Trainable weights (safetensors) and optimizer state into ``path``, and the KL
+        reference's weights (``reference.safetensors``) once it is set."""
+        from safetensors.torch import save_file
+
         save_trainable(self.model, self.optimizer, path)
+        if self._ref is not None:
+            names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+            ref = {n: r.cpu().contiguous() for n, r in zip(names, self._ref, strict=True)}
+            save_file(ref, str(path / _REFERENCE))
 
     def load(self, path: Path, *, policy_version: int) -> None:
-        """Restore ``save``'s weights and optimizer state; report ``policy_version``."""
+        """Restore ``save``'s weights and optimizer state; report ``policy_version``. A
+        checkpoint with a KL reference restores it too (a resumed run keeps its anchor);
+        without one, the reference is taken at the next update, from these weights."""
         import torch
+        from safetensors.torch import load_file
 
         load_trainable(self.model, path)
         opt = torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(opt)
         self._version = int(policy_version)
+        self._ref = None
+        if self._use_ref and (path / _REFERENCE).is_file():
+            state = load_file(str(path / _REFERENCE))
+            names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+            self._ref = [state[n].to(self.device) for n in names]
         if self.separate:  # the caller holds the pause (weight_swap): serve them too
             _copy_trainable(self.model, self.served)
             self._served_version = self._version
