@@ -219,12 +219,23 @@ def gold_answer(task: Task) -> int | float:
     return parse_gsm8k_answer(answer) if isinstance(answer, str) else answer
 
 
-def easy_train() -> list[Task]:
-    """The shipped training tasks of levels 1 and 2: where a small model (SmolLM2-135M)
-    starts above zero, so GRPO's groups have rewards to compare (the CPU default)."""
+def _shipped_train(levels: tuple[int, ...]) -> list[Task]:
     path = Path(__file__).resolve().parent / "data" / "train.jsonl"
     tasks = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [t for t in tasks if t["level"] in (1, 2)]
+    return [t for t in tasks if t["level"] in levels]
+
+
+def easy_train() -> list[Task]:
+    """The shipped training tasks of levels 1 and 2: where a small model (SmolLM2-135M)
+    starts above zero, so GRPO's groups have rewards to compare (RL without a warm start)."""
+    return _shipped_train((1, 2))
+
+
+def hard_train() -> list[Task]:
+    """The shipped training tasks of levels 3 and 4: after the warm start every level-1 and
+    level-2 task is right, so their GRPO groups have all-equal rewards and teach nothing;
+    RL's rollouts go where the model is sometimes right."""
+    return _shipped_train((3, 4))
 
 
 def main(argv: list[str] | None = None) -> None:

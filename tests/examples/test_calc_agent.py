@@ -90,6 +90,12 @@ def test_easy_train_is_the_shipped_levels_1_and_2(ex: Example) -> None:
     assert len(easy) == 150
 
 
+def test_hard_train_is_the_shipped_levels_3_and_4(ex: Example) -> None:
+    hard = ex.data.hard_train()
+    assert hard == [t for t in ex.data.build(0)["train"] if t["level"] >= 3]
+    assert len(hard) == 150
+
+
 def test_gsm8k_reader(tmp_path: Path, ex: Example) -> None:
     records = [
         {
