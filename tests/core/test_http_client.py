@@ -52,8 +52,14 @@ def _server(handler: Handler) -> Iterator[tuple[str, list[int]]]:
                     return
                 conn.sendall(answer)
 
-    srv = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _H)
-    srv.daemon_threads = True
+    class _Srv(socketserver.ThreadingTCPServer):
+        # socketserver's default listen backlog is 5: eight threads connecting at once
+        # under load overflowed it, the dropped SYN waited a 1 s retransmit, and the
+        # client's 1 s connect timeout fired
+        request_queue_size = 64
+        daemon_threads = True
+
+    srv = _Srv(("127.0.0.1", 0), _H)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     try:
