@@ -10,6 +10,11 @@ each mode, alternating, ``--repeat`` times after a warm-up, from the same weight
 run's config; LoRA as configured, fresh adapters); medians. Prints seconds per update,
 the padded positions the forward computes (the packing's cost) and the micro-batches.
 
+``--merged`` adds a row: the same rollouts with ``credit.merge_prefix`` (each rollout's
+calls one sequence when every call's prompt continues the one before; the loss averages
+tokens per rollout, so the update is the same — ``tests/trainer/test_shared_prompt.py``),
+in the fastest mode.
+
     uv run python benchmarks/agent_update_bench.py examples/calc_agent/train.yaml \
         --store runs/calc_agent/store.db --step 1
 """
@@ -24,6 +29,8 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+MERGED = "merged calls, prefix + states once"
+
 MODES = {
     "plain": {"share": False, "min_shared": 16},
     "states once": {"share": True, "min_shared": 10**9},
@@ -31,7 +38,7 @@ MODES = {
 }
 
 
-def _batch(cfg: Any, store_path: str, step: int) -> Any:
+def _batch(cfg: Any, store_path: str, step: int, merge: bool = False) -> Any:
     from boltrl.credit import CreditConfig, transitions
     from boltrl.records import RolloutStatus
     from boltrl.store import open_store
@@ -51,7 +58,7 @@ def _batch(cfg: Any, store_path: str, step: int) -> Any:
         store.close()
     if not rollouts:
         raise SystemExit(f"no succeeded training rollouts of step {step} in {store_path}")
-    credit = CreditConfig.from_dict(cfg.credit)
+    credit = CreditConfig.from_dict({**cfg.credit, **({"merge_prefix": True} if merge else {})})
     trans = [t for r in rollouts for t in transitions(r, credit)]
     algo = make_config("grpo", {"skip_zero_variance": False})
     adv = compute_advantages(trans, None, algo)
@@ -66,6 +73,7 @@ def main() -> None:
     ap.add_argument("--step", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--merged", action="store_true", help="add the merged-calls row")
     args = ap.parse_args()
 
     from boltrl_trainer.algorithms import make_config
@@ -76,6 +84,9 @@ def main() -> None:
 
     cfg = load_config(args.config, ["progress=false", *args.set])
     batch, n_rollouts = _batch(cfg, args.store, args.step)
+    batches = {m: batch for m in MODES}
+    if args.merged:
+        batches[MERGED] = _batch(cfg, args.store, args.step, merge=True)[0]
     model, tok = load_policy(cfg)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     trainer = TorchTrainingBackend(
@@ -83,6 +94,8 @@ def main() -> None:
     )
     start = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     items = batch.transitions
+    if args.merged:
+        print(f"merged calls: {len(batches[MERGED].transitions)} transitions", flush=True)
     print(
         f"{args.config} step {args.step}: {n_rollouts} rollouts, {len(items)} transitions, "
         f"{len({tuple(t.state) for t in items})} distinct states, "
@@ -91,14 +104,15 @@ def main() -> None:
         f"{cfg.optim.token_budget}; load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
-    times: dict[str, list[float]] = {m: [] for m in MODES}
+    times: dict[str, list[float]] = {m: [] for m in batches}
     layout: dict[str, tuple[int, int, bool]] = {}
     import torch
 
     for rep in range(1 + args.repeat):
-        order = list(MODES) if rep % 2 == 0 else list(reversed(MODES))
+        order = list(batches) if rep % 2 == 0 else list(reversed(batches))
         for mode in order:
-            spec = MODES[mode]
+            spec = MODES.get(mode, MODES["prefix + states once"])
+            items = batches[mode].transitions
             trainer._share_states = bool(spec["share"])
             trainer.min_shared = int(spec["min_shared"])
             with torch.no_grad():
@@ -115,14 +129,14 @@ def main() -> None:
                 )
             layout[mode] = (cost, len(micro), shared)
             t0 = time.perf_counter()
-            trainer.update(batch)
+            trainer.update(batches[mode])
             if rep > 0:  # the first round warms up
                 times[mode].append(time.perf_counter() - t0)
             print(f"round {rep} {mode}: {time.perf_counter() - t0:.1f} s", flush=True)
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}\n")
     print("| forward | s / update (median) | positions computed | micro-batches |")
     print("|---|---:|---:|---:|")
-    for mode in MODES:
+    for mode in batches:
         cost, n, shared = layout[mode]
         label = mode if shared or mode == "plain" else f"{mode} (fell back to plain)"
         print(f"| {label} | {statistics.median(times[mode]):.1f} | {cost:,} | {n} |")

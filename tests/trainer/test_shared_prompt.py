@@ -238,3 +238,69 @@ def test_packing_counts_a_shared_beginning_once() -> None:
     assert shared_cost(items, batches[0]) == 200 + 12 * (203 - 200) + 12 * 4
     # without the beginning counted once, 12 states of 203 tokens need 5+ micro-batches
     assert len(pack_shared_microbatches(items, 512, min_shared=10_000)) >= 5
+
+
+def _two_call_rollouts(seed: int = 0) -> tuple[list[Transition], list[Transition]]:
+    """A group of 4 agent rollouts of two calls each (a tool call, then the answer after
+    the tool's result), as two transitions per rollout and as one merged transition
+    (``credit.merge_prefix``: the second call's prompt is the first call's prompt, reply
+    and the tool's result, which is context, not a target)."""
+    rng = random.Random(seed)
+    opening = [rng.randrange(5, 400) for _ in range(40)]  # system prompt, tools, question
+    separate: list[Transition] = []
+    merged: list[Transition] = []
+    for i in range(4):
+        call1 = [rng.randrange(5, 400) for _ in range(rng.randint(2, 6))]
+        result = [rng.randrange(5, 400) for _ in range(rng.randint(3, 8))]
+        call2 = [rng.randrange(5, 400) for _ in range(rng.randint(1, 4))]
+        lp1 = [-rng.random() for _ in call1]
+        lp2 = [-rng.random() for _ in call2]
+        first = _t(i, opening, call1, lp1)
+        second = _t(i, opening + call1 + result, call2, lp2)
+        separate += [first, second]
+        merged.append(
+            first.model_copy(
+                update={
+                    "action": call1 + result + call2,
+                    "action_logprobs": lp1 + [0.0] * len(result) + lp2,
+                    "action_mask": [1] * len(call1) + [0] * len(result) + [1] * len(call2),
+                }
+            )
+        )
+    return separate, merged
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_merged_calls_update_like_their_separate_calls(loaded: Any, share: bool) -> None:
+    """``credit.merge_prefix`` is a speed choice for the update, not a different loss: the
+    loss averages tokens per rollout, so a rollout's calls merged into one sequence move
+    the weights where its separate transitions do (with final credit both carry the
+    rollout's advantage), while the forward computes the shared context once."""
+    model, tok = loaded
+    snapshot = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    separate, merged = _two_call_rollouts()
+    adv = {f"r{i}": a for i, a in enumerate((1.0, -1.0, 0.5, -0.5))}
+    after = []
+    try:
+        for items in (separate, merged):
+            with torch.no_grad():
+                for n, p in model.named_parameters():
+                    if n in snapshot:
+                        p.copy_(snapshot[n])
+            tb = _backend(model, tok)
+            tb._share_states = share
+            batch_adv = [adv[t.rollout_id] for t in items]
+            m = tb.update(TrainBatch(items, batch_adv, policy_version=0, temperature=1.0))
+            assert m["update/tokens"] == sum(sum(t.action_mask) for t in separate)
+            after.append(
+                {n: p.detach().clone() for n, p in model.named_parameters() if n in snapshot}
+            )
+    finally:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n in snapshot:
+                    p.copy_(snapshot[n])
+    moved = max((after[0][n] - snapshot[n]).abs().max().item() for n in snapshot)
+    assert moved > 1e-5  # the step did move the weights
+    for n in snapshot:
+        assert torch.allclose(after[0][n], after[1][n], atol=1e-6), n
