@@ -175,33 +175,35 @@ def test_update_takes_the_shared_path_only_when_states_repeat(loaded: Any) -> No
                     p.copy_(snapshot[n])
 
 
-@pytest.mark.parametrize("family", [_groups, _family])
-def test_shared_update_equals_the_plain_update(loaded: Any, family: Any) -> None:
-    """One optimizer step either way moves the weights to the same place."""
+def _one_update(
+    loaded: Any, items: list[Transition], adv: list[float], share: bool
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, float]]:
+    """The trainable weights before and after one update on ``items``, and its metrics;
+    the model's weights are put back afterwards."""
     model, tok = loaded
-    snapshot = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    items = family(1)
-    adv = [1.0 if i % 3 else -0.5 for i in range(len(items))]
-    after = []
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     try:
-        for share in (False, True):
-            with torch.no_grad():
-                for n, p in model.named_parameters():
-                    if n in snapshot:
-                        p.copy_(snapshot[n])
-            tb = _backend(model, tok)
-            tb._share_states = share
-            tb.update(TrainBatch(items, adv, policy_version=0, temperature=1.0))
-            after.append(
-                {n: p.detach().clone() for n, p in model.named_parameters() if n in snapshot}
-            )
+        tb = _backend(model, tok)
+        tb._share_states = share
+        m = tb.update(TrainBatch(items, adv, policy_version=0, temperature=1.0))
+        after = {n: p.detach().clone() for n, p in model.named_parameters() if n in before}
     finally:
         with torch.no_grad():
             for n, p in model.named_parameters():
-                if n in snapshot:
-                    p.copy_(snapshot[n])
-    for n in snapshot:
-        assert torch.allclose(after[0][n], after[1][n], atol=1e-6), n
+                if n in before:
+                    p.copy_(before[n])
+    return before, after, m
+
+
+@pytest.mark.parametrize("family", [_groups, _family])
+def test_shared_update_equals_the_plain_update(loaded: Any, family: Any) -> None:
+    """One optimizer step either way moves the weights to the same place."""
+    items = family(1)
+    adv = [1.0 if i % 3 else -0.5 for i in range(len(items))]
+    _, plain, _ = _one_update(loaded, items, adv, share=False)
+    _, shared, _ = _one_update(loaded, items, adv, share=True)
+    for n in plain:
+        assert torch.allclose(plain[n], shared[n], atol=1e-6), n
 
 
 def test_packing_keeps_groups_together_and_counts_each_state_once() -> None:
@@ -276,31 +278,15 @@ def test_merged_calls_update_like_their_separate_calls(loaded: Any, share: bool)
     loss averages tokens per rollout, so a rollout's calls merged into one sequence move
     the weights where its separate transitions do (with final credit both carry the
     rollout's advantage), while the forward computes the shared context once."""
-    model, tok = loaded
-    snapshot = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     separate, merged = _two_call_rollouts()
     adv = {f"r{i}": a for i, a in enumerate((1.0, -1.0, 0.5, -0.5))}
+    trained = sum(sum(t.action_mask) for t in separate)
     after = []
-    try:
-        for items in (separate, merged):
-            with torch.no_grad():
-                for n, p in model.named_parameters():
-                    if n in snapshot:
-                        p.copy_(snapshot[n])
-            tb = _backend(model, tok)
-            tb._share_states = share
-            batch_adv = [adv[t.rollout_id] for t in items]
-            m = tb.update(TrainBatch(items, batch_adv, policy_version=0, temperature=1.0))
-            assert m["update/tokens"] == sum(sum(t.action_mask) for t in separate)
-            after.append(
-                {n: p.detach().clone() for n, p in model.named_parameters() if n in snapshot}
-            )
-    finally:
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                if n in snapshot:
-                    p.copy_(snapshot[n])
-    moved = max((after[0][n] - snapshot[n]).abs().max().item() for n in snapshot)
+    for items in (separate, merged):
+        before, moved_to, m = _one_update(loaded, items, [adv[t.rollout_id] for t in items], share)
+        assert m["update/tokens"] == trained
+        after.append(moved_to)
+    moved = max((after[0][n] - before[n]).abs().max().item() for n in before)
     assert moved > 1e-5  # the step did move the weights
-    for n in snapshot:
+    for n in before:
         assert torch.allclose(after[0][n], after[1][n], atol=1e-6), n
