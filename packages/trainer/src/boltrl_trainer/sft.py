@@ -27,6 +27,7 @@ from boltrl_trainer.batching import (
     shared_prefix,
     token_logprobs,
 )
+from boltrl_trainer.malloc_tuning import update_phase
 from boltrl_trainer.update import save_trainable
 
 if TYPE_CHECKING:
@@ -175,13 +176,14 @@ class SFTBackend:
         self.optimizer.zero_grad(set_to_none=True)
         nll_sum = 0.0
         try:
-            for mb in micro:
-                logp, mask = self._logprobs([items[i] for i in mb])
-                nll = -(logp * mask).sum()
-                (nll / total).backward()  # type: ignore[no-untyped-call]
-                nll_sum += float(nll.detach())
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
-            self.optimizer.step()
+            with update_phase():  # large freed blocks go back to the OS meanwhile
+                for mb in micro:
+                    logp, mask = self._logprobs([items[i] for i in mb])
+                    nll = -(logp * mask).sum()
+                    (nll / total).backward()  # type: ignore[no-untyped-call]
+                    nll_sum += float(nll.detach())
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
+                self.optimizer.step()
         finally:
             self.model.eval()
         return {

@@ -52,6 +52,7 @@ from boltrl_trainer.batching import (
     token_logprobs,
 )
 from boltrl_trainer.config import OptimConfig
+from boltrl_trainer.malloc_tuning import update_phase
 from boltrl_trainer.offpolicy import staleness_of
 from boltrl_trainer.seams import TrainBatch
 
@@ -265,6 +266,10 @@ class TorchTrainingBackend:
 
     def update(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer step per epoch over the batch; returns its metrics."""
+        with update_phase():  # large freed blocks go back to the OS meanwhile
+            return self._update(batch)
+
+    def _update(self, batch: TrainBatch) -> dict[str, float]:
         import torch
 
         t0 = time.perf_counter()

@@ -33,6 +33,7 @@ from boltrl.store import open_store
 from boltrl.store.base import Store
 from boltrl_trainer.config import TrainConfig
 from boltrl_trainer.demonstrations import Demonstrations, collect
+from boltrl_trainer.malloc_tuning import tune_malloc
 from boltrl_trainer.metrics import MetricsWriter
 from boltrl_trainer.reporting import LogReporter, Reporter
 from boltrl_trainer.seams import weight_swap
@@ -329,6 +330,7 @@ def run_sft(cfg: TrainConfig, *, reporter: Reporter | None = None) -> WarmStartR
         raise InvalidInput("backend: boltrl sft runs on the torch backend only")
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
+    tune_malloc()  # as Trainer.run: the SFT steps' freed activations go back to the OS
     agent = load_object(cfg.agent, what="agent")
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
