@@ -11,7 +11,15 @@ a fresh child process, and prints wall time, the run's validations, rollouts and
             (32 MiB) while generating, heaps trimmed on entering an update.
 
     uv run python benchmarks/malloc_phase_bench.py examples/calc_agent/train.yaml \\
-        --init-from runs/recipe-calc-v2/seed-0/warm_start/checkpoints/step-000014
+        --init-from runs/recipe-calc_agent/seed-0/warm_start/checkpoints/step-000014
+
+``--sft`` measures the warm start's path instead, without a run: the example's
+demonstrations (its teacher through the real agent and gateway), a generation burst of
+32 greedy rows (as a validation leaves the heap), then timed ``SFTBackend.step`` calls on
+batches of ``warm_start.batch_size``; per mode: the burst's seconds, each step's seconds,
+peak RSS (VmHWM).
+
+    uv run python benchmarks/malloc_phase_bench.py examples/calc_agent/train.yaml --sft --steps 5
 
 Run it on a quiet machine: the modes run one after another, and the load average is
 printed beside each.
@@ -45,6 +53,57 @@ from boltrl.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 MODES = {"off": ("0", PLAIN), "static": ("0", STATIC), "phase": ("1", PLAIN)}
+
+# ``--sft``: after the prelude's allocator setup, this runs in the child.
+SFT = """
+import json, os, sys, time
+import torch
+from boltrl.loading import load_object
+from boltrl.store import open_store
+from boltrl_trainer.config import load_config
+from boltrl_trainer.demonstrations import collect
+from boltrl_trainer.malloc_tuning import tune_malloc
+from boltrl_trainer.models import load_model
+from boltrl_trainer.policy import apply_lora
+from boltrl_trainer.sft import SFTBackend
+
+config, steps = sys.argv[1], int(sys.argv[2])
+tune_malloc()  # as Trainer.run and boltrl sft do (BOLTRL_MALLOC_TUNING=0: nothing)
+torch.manual_seed(0)
+cfg = load_config(config, [])
+ws = cfg.warm_start
+base, tok = load_model(cfg.model)
+store = open_store("memory://")
+try:
+    items = collect(cfg, ws, agent=load_object(cfg.agent, what="agent"), tokenizer=tok,
+                    store=store).transitions
+finally:
+    store.close()
+model = apply_lora(base, cfg.lora)
+pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+t0 = time.perf_counter()
+with torch.no_grad():  # greedy, left-padded: what a validation leaves in the heap
+    for k in range(0, 32, 16):
+        rows = [items[i % len(items)].state for i in range(k, k + 16)]
+        n = max(map(len, rows))
+        ids = torch.tensor([[pad] * (n - len(r)) + list(r) for r in rows])
+        starts = torch.tensor([n - len(r) for r in rows])
+        attn = (torch.arange(n)[None, :] >= starts[:, None]).long()
+        model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=32,
+                       do_sample=False, pad_token_id=pad)
+burst = time.perf_counter() - t0
+sft = SFTBackend(model, lr=ws.lr, pad_id=int(pad),
+                 token_budget=ws.token_budget or cfg.optim.token_budget, share_prefix=True)
+bs = ws.batch_size
+times = []
+for k in range(min(steps, len(items) // bs)):
+    t0 = time.perf_counter()
+    sft.step(items[k * bs : (k + 1) * bs])
+    times.append(time.perf_counter() - t0)
+peak = next(int(line.split()[1]) / 1024 for line in open("/proc/self/status")
+            if line.startswith("VmHWM:"))
+print("RESULT", json.dumps({"burst_s": burst, "step_s": times, "peak_mb": peak}))
+"""
 
 
 def _load() -> str:
@@ -89,6 +148,37 @@ def _run(mode: str, config: str, init_from: str, steps: int, sets: list[str], ou
     }
 
 
+def _sft(mode: str, config: str, steps: int) -> dict[str, Any]:
+    tuning, prelude = MODES[mode]
+    child = prelude.split("from boltrl.cli")[0] + SFT
+    env = {**os.environ, "BOLTRL_MALLOC_TUNING": tuning}
+    load_before = _load()
+    out = subprocess.run(
+        [sys.executable, "-c", child, config, str(steps)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"{mode}: the SFT child failed:\n{out.stderr[-3000:]}")
+    line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
+    return {"mode": mode, "load": f"{load_before} -> {_load()}", **json.loads(line[7:])}
+
+
+def _sft_table(results: list[dict[str, Any]]) -> str:
+    lines = [
+        "| mode | generation burst s | SFT step s | mean | peak MB | load average |",
+        "|---|---:|---|---:|---:|---|",
+    ]
+    for r in results:
+        steps = r["step_s"]
+        lines.append(
+            f"| {r['mode']} | {r['burst_s']:.1f} | {' / '.join(f'{x:.1f}' for x in steps)} | "
+            f"{sum(steps) / max(len(steps), 1):.1f} | {r['peak_mb']:,.0f} | {r['load']} |"
+        )
+    return "\n".join(lines)
+
+
 def _table(results: list[dict[str, Any]]) -> str:
     def secs(xs: list[float]) -> str:
         return " / ".join(f"{x:.1f}" for x in xs)
@@ -111,15 +201,27 @@ def _table(results: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("config")
-    p.add_argument("--init-from", required=True, help="checkpoint RL starts from")
-    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--init-from", default=None, help="checkpoint RL starts from")
+    p.add_argument("--sft", action="store_true", help="time SFT steps instead of a run")
+    p.add_argument("--steps", type=int, default=2, help="RL steps (with --sft: SFT steps)")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     p.add_argument("--set", action="append", default=[], dest="sets", help="config override")
     p.add_argument("--out", default=None, help="folder for the runs (default: a temp dir)")
     args = p.parse_args(argv)
     if resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY:
         print("note: an address-space limit is set; peaks may be capped", file=sys.stderr)
+    if args.sft:
+        rows = []
+        for mode in args.modes:
+            print(f"{mode}: SFT steps (load {_load()})", flush=True)
+            rows.append(_sft(mode, args.config, args.steps))
+            print(json.dumps(rows[-1]), flush=True)
+        print(_sft_table(rows))
+        return 0
+    if args.init_from is None:
+        p.error("--init-from is required (except with --sft)")
     root = Path(args.out or tempfile.mkdtemp(prefix="malloc-phase-"))
+    root.mkdir(parents=True, exist_ok=True)
     results = []
     for mode in args.modes:
         print(f"{mode}: running (load {_load()})", flush=True)
