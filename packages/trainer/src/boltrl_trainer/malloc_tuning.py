@@ -8,19 +8,19 @@ During an update a static threshold of 128 KiB keeps every large block in its ow
 mapping, unmapped on free.
 
 Generation is the opposite case: every decoded token allocates and frees blocks of a few
-hundred KiB (logits, attention scratch, the growing cache), and a 128 KiB threshold turns
-each into an mmap, a page-faulting first touch and an munmap. That halved generation
-speed on CPU (60 calc_agent validation tasks: 71-77 s plain, 116-120 s with the static
-threshold). So the low threshold holds only inside
-:func:`update_phase`; outside it the thresholds are the ones glibc's dynamic rule
-settles at (32 MiB mmap, 64 MiB trim), and entering an update first hands the heap's
-free pages back to the OS (``malloc_trim``). An update may still reuse a free heap chunk
-that generation left (its pages fault in again and stay resident until the next trim), so
-its peak can exceed the update's own by at most generation's heap: in the calc_agent RL
-run that measured this, the whole process peaked at 4.84 GB against 5.04 GB with a
-static 128 KiB threshold throughout, and ran 4 min 16 s instead of 7 min 3 s (the
-"Malloc by phase" section of benchmarks/README.md). Many agent and server threads would
-each get an arena of their own; capping the arenas bounds that too.
+hundred KiB (logits, attention scratch, the growing cache), and a 128 KiB threshold
+turns each into an mmap, a page-faulting first touch and an munmap. That halved
+generation speed on CPU (60 calc_agent validation tasks: 71-77 s plain, 116-120 s with
+the static threshold). So the low threshold holds only inside :func:`update_phase`;
+outside it the thresholds are the ceiling of glibc's dynamic rule (32 MiB mmap, 64 MiB
+trim), and entering an update first hands the heap's free pages back to the OS
+(``malloc_trim``). An update may still reuse a free heap chunk that generation left (its
+pages fault in again and stay resident until the next trim), so its peak can exceed the
+update's own by at most generation's heap: in the calc_agent RL run that measured this,
+the whole process peaked at 4.84 GB against 5.04 GB with a static 128 KiB threshold
+throughout, and ran 4 min 16 s instead of 7 min 3 s (the "Malloc by phase" section of
+benchmarks/README.md). Many agent and server threads would each get an arena of their
+own; capping the arenas bounds that too.
 
 Only glibc has ``mallopt`` with these parameters; elsewhere (musl, macOS, Windows) this
 does nothing. ``BOLTRL_MALLOC_TUNING=0`` turns it off.
