@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -38,23 +37,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-# ``static``: set the old settings before anything allocates much, with the package's own
-# tuning off so that it does not override them.
+# Per mode: BOLTRL_MALLOC_TUNING and the allocator setup the child runs first. ``static``
+# sets the old settings before anything allocates much, with the package's own tuning off
+# so that it does not override them.
 STATIC = """
-import ctypes, ctypes.util, sys
+import ctypes, ctypes.util
 libc = ctypes.CDLL(ctypes.util.find_library("c"))
 assert libc.mallopt(-3, 128 * 1024) == 1 and libc.mallopt(-8, 4) == 1
-from boltrl.cli import main
-sys.exit(main(sys.argv[1:]))
 """
-PLAIN = """
+MODES = {"off": ("0", ""), "static": ("0", STATIC), "phase": ("1", "")}
+CLI = """
 import sys
 from boltrl.cli import main
 sys.exit(main(sys.argv[1:]))
 """
-MODES = {"off": ("0", PLAIN), "static": ("0", STATIC), "phase": ("1", PLAIN)}
 
-# ``--sft``: after the prelude's allocator setup, this runs in the child.
+# ``--sft``: after the mode's allocator setup, this runs in the child.
 SFT = """
 import json, os, sys, time
 import torch
@@ -111,7 +109,7 @@ def _load() -> str:
 
 
 def _run(mode: str, config: str, init_from: str, steps: int, sets: list[str], out: Path) -> dict:
-    tuning, prelude = MODES[mode]
+    tuning, setup = MODES[mode]
     argv = [
         "train", config, "--set", "warm_start=null", "--set", f"init_from={init_from}",
         "--set", f"steps={steps}", "--set", "progress=false", "--out", str(out),
@@ -123,7 +121,10 @@ def _run(mode: str, config: str, init_from: str, steps: int, sets: list[str], ou
     t0 = time.perf_counter()
     with open(out.parent / f"{mode}.log", "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-c", prelude, *argv], env=env, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-c", setup + CLI, *argv],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
@@ -149,8 +150,8 @@ def _run(mode: str, config: str, init_from: str, steps: int, sets: list[str], ou
 
 
 def _sft(mode: str, config: str, steps: int) -> dict[str, Any]:
-    tuning, prelude = MODES[mode]
-    child = prelude.split("from boltrl.cli")[0] + SFT
+    tuning, setup = MODES[mode]
+    child = setup + SFT
     env = {**os.environ, "BOLTRL_MALLOC_TUNING": tuning}
     load_before = _load()
     out = subprocess.run(
@@ -208,8 +209,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], dest="sets", help="config override")
     p.add_argument("--out", default=None, help="folder for the runs (default: a temp dir)")
     args = p.parse_args(argv)
-    if resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY:
-        print("note: an address-space limit is set; peaks may be capped", file=sys.stderr)
     if args.sft:
         rows = []
         for mode in args.modes:
