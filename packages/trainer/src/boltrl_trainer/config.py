@@ -93,6 +93,27 @@ class OptimConfig(_Cfg):
     """Passes over each step's batch (>1 makes the PPO clip matter)."""
 
 
+class DynamicSamplingConfig(_Cfg):
+    """Dynamic sampling (``dynamic_sampling:`` in the config; DAPO's, verl's
+    ``filter_groups``): more tasks in a step until enough groups have mixed rewards.
+
+    A group whose rollouts all earn the same return has zero advantage under GRPO and
+    RLOO and teaches nothing (``train/skipped_groups``). When a step's ``batch_tasks``
+    tasks leave fewer than ``min_groups`` groups with differing returns, the step runs
+    ``batch_tasks`` more tasks it has not used yet, up to ``max_rounds`` rounds in all.
+    The update trains at most ``batch_tasks`` informative groups (the first ones, in
+    sampling order; later ones are dropped and counted in ``train/trimmed_groups``), so
+    it never costs more than a full batch would; the extra rounds cost generation time.
+    Which tasks a round draws depends on the seed and step only (resumable)."""
+
+    min_groups: int = Field(ge=1)
+    """Stop sampling once this many groups of the step have differing returns (at most
+    ``batch_tasks``)."""
+    max_rounds: int = Field(default=3, ge=2)
+    """Rounds of ``batch_tasks`` tasks a step may run, the first included: a bound on a
+    step's generation time when few tasks are informative."""
+
+
 class AsyncConfig(_Cfg):
     """Asynchronous training (``async:`` in the config): the rollouts of the next steps
     run while the update runs, on a separate copy of the trainable weights; generation
@@ -171,6 +192,9 @@ class TrainConfig(_Cfg):
     warm_start: WarmStartConfig | None = None
     """Supervised warm start from demonstrations, run before RL (and all that ``boltrl sft``
     runs); see ``boltrl_trainer.warm_start_config``. Torch backend only."""
+    dynamic_sampling: DynamicSamplingConfig | None = None
+    """Sample more tasks in a step while too few groups have mixed rewards
+    (``DynamicSamplingConfig``); null: each step runs ``batch_tasks`` tasks."""
     async_: AsyncConfig | None = Field(default=None, alias="async")
     """Asynchronous training (``AsyncConfig``); null or absent: the synchronous loop
     (rollouts, then the update with generation paused, then the next rollouts)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -248,12 +248,25 @@ class RolloutSession:
 
 
 def tag_tasks(
-    tasks: Sequence[Task], *, run: str, step: int, phase: str, repeat: int = 1
+    tasks: Sequence[Task],
+    *,
+    run: str,
+    step: int,
+    phase: str,
+    repeat: int = 1,
+    extra: Mapping[str, Any] | None = None,
 ) -> list[Task]:
-    """Copies of ``tasks`` (each ``repeat`` times: a GRPO group) tagged for the dashboard."""
+    """Copies of ``tasks`` (each ``repeat`` times: a GRPO group) tagged for the dashboard
+    (``run``, ``step``, ``phase`` and the ``extra`` keys in their metadata)."""
     out = []
     for t in tasks:
-        meta: dict[str, Any] = {**t.metadata, "run": run, "step": step, "phase": phase}
+        meta: dict[str, Any] = {
+            **t.metadata,
+            "run": run,
+            "step": step,
+            "phase": phase,
+            **(extra or {}),
+        }
         tagged = t.model_copy(update={"metadata": meta, "split": t.split or phase})
         out.extend([tagged] * repeat)
     return out

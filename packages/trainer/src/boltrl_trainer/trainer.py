@@ -4,7 +4,8 @@ setup: the registry entry of ``cfg.backend`` (checked) builds a policy server an
        training backend (``boltrl_trainer.seams``) → store → gateway + runners (a session).
 step:  enqueue batch_tasks x group_size rollouts → wait → transitions (credit
        assignment) → advantages → update inside ``weight_swap`` (generation paused)
-       → policy version + 1.
+       → policy version + 1. With ``dynamic_sampling``, more rounds of fresh tasks run
+       while too few groups have differing returns (``DynamicSamplingConfig``).
 every val_every steps: held-out tasks at temperature 0. Checkpoints and ``resume``.
 async (``async: {max_staleness: k}``, ``_run_async``): one rollout thread runs the
        next steps' rollouts (up to k steps ahead) while the update trains a separate
@@ -77,6 +78,14 @@ class _Rollouts:
     """Seconds the backend was generating meanwhile."""
     tokens: int
     """Completion tokens generated meanwhile."""
+    sampled: int = 0
+    """Rollouts run, dropped ones included (``rollouts`` may hold fewer: see trimmed)."""
+    rounds: int = 1
+    """Rounds of ``batch_tasks`` tasks run (more than one only with dynamic sampling)."""
+    informative: int | None = None
+    """Groups with differing returns among all rounds' (dynamic sampling only)."""
+    trimmed: int = 0
+    """Informative groups beyond ``batch_tasks``, dropped from ``rollouts``."""
 
 
 class _RolloutThread:
@@ -128,6 +137,20 @@ class TrainResult:
         return self.val_history[-1][1] if self.val_history else None
 
 
+def _group_of(task: Task) -> str:
+    """The group a task's rollouts train in (``boltrl.credit.transitions``' rule)."""
+    return task.group if task.group is not None else task.id
+
+
+def _is_mixed(returns: list[float]) -> bool:
+    """Whether a group's returns differ: else its advantages are all zero (GRPO, RLOO)."""
+    return len(returns) > 1 and max(returns) - min(returns) > 1e-12
+
+
+def _count_informative(order: list[str], returns: dict[str, list[float]]) -> int:
+    return sum(_is_mixed(returns.get(g, [])) for g in dict.fromkeys(order))
+
+
 class Trainer:
     """One ``boltrl train`` run. Use ``Trainer(cfg).run(resume=...)``.
 
@@ -144,6 +167,17 @@ class Trainer:
         if cfg.async_ is not None and cfg.backend != "torch":
             raise InvalidInput(
                 "async: the torch backend only for now (backend: torch), or async: null"
+            )
+        ds = cfg.dynamic_sampling
+        if ds is not None and ds.min_groups > cfg.batch_tasks:
+            raise InvalidInput(
+                f"dynamic_sampling.min_groups: {ds.min_groups} is more than batch_tasks "
+                f"({cfg.batch_tasks}), the most groups an update trains"
+            )
+        if ds is not None and (cfg.algorithm == "reinforce" or cfg.group_size < 2):
+            raise InvalidInput(
+                "dynamic_sampling: needs groups that share a baseline (algorithm: grpo or "
+                f"rloo, group_size >= 2; here {cfg.algorithm}, group_size {cfg.group_size})"
             )
         if cfg.steps > 0 and not cfg.temperature > 0:
             raise InvalidInput(
@@ -342,25 +376,87 @@ class Trainer:
     def _train_rollouts(
         self, session: RolloutSession, server: PolicyServer, step: int, sampling: Sampling
     ) -> _Rollouts:
-        """Step ``step``'s training rollouts (its tasks depend on the step only), timed."""
+        """Step ``step``'s training rollouts (its tasks depend on the step only), timed.
+
+        With ``dynamic_sampling``, rounds of ``batch_tasks`` fresh tasks run until enough
+        groups have differing returns (or ``max_rounds``, or no task is left); then the
+        informative groups beyond ``batch_tasks`` are dropped (``DynamicSamplingConfig``)."""
         cfg = self.cfg
+        ds = cfg.dynamic_sampling
         t0 = time.perf_counter()
         rng = random.Random(f"{cfg.seed}-{step}")  # resumable: tasks depend on step only
-        chosen = rng.sample(self.train_tasks, min(cfg.batch_tasks, len(self.train_tasks)))
-        tasks = tag_tasks(
-            chosen, run=self.run_name, step=step, phase="train", repeat=cfg.group_size
-        )
         busy0 = session.backend.busy_s
         tokens0 = server.stats().get("completion_tokens", 0)
         label = f"step {step}/{cfg.steps}"
-        rollouts = session.run(tasks, sampling, label=label)
+        rollouts: list[Rollout] = []
+        order: list[str] = []  # the groups in sampling order
+        returns: dict[str, list[float]] = {}
+        rest = list(range(len(self.train_tasks)))
+        rounds = 0
+        while rest and rounds < (ds.max_rounds if ds is not None else 1):
+            # indices, not tasks: random.sample draws the same positions either way, so
+            # the first round is what it was before dynamic sampling existed
+            picked = [
+                rest[j] for j in rng.sample(range(len(rest)), min(cfg.batch_tasks, len(rest)))
+            ]
+            taken = set(picked)
+            rest = [i for i in rest if i not in taken]
+            chosen = [self.train_tasks[i] for i in picked]
+            rounds += 1
+            tasks = tag_tasks(
+                chosen,
+                run=self.run_name,
+                step=step,
+                phase="train",
+                repeat=cfg.group_size,
+                extra={"round": rounds} if ds is not None else None,
+            )
+            got = session.run(
+                tasks, sampling, label=label if rounds == 1 else f"{label} round {rounds}"
+            )
+            rollouts.extend(got)
+            order.extend(_group_of(t) for t in chosen)
+            if ds is None or all(r.status != RolloutStatus.SUCCEEDED for r in got):
+                break  # a round that failed whole: _prepare reports it (and stops the run)
+            for g, values in self._group_returns(got).items():
+                returns.setdefault(g, []).extend(values)
+            if _count_informative(order, returns) >= ds.min_groups:
+                break
+        sampled, informative, trimmed = len(rollouts), None, 0
+        if ds is not None:
+            mixed = [g for g in dict.fromkeys(order) if _is_mixed(returns.get(g, []))]
+            informative = len(mixed)
+            drop = set(mixed[cfg.batch_tasks :])
+            trimmed = len(drop)
+            rollouts = [r for r in rollouts if _group_of(r.task) not in drop]
         return _Rollouts(
             rollouts=rollouts,
             label=label,
             seconds=time.perf_counter() - t0,
             generation_s=session.backend.busy_s - busy0,
             tokens=server.stats().get("completion_tokens", 0) - tokens0,
+            sampled=sampled,
+            rounds=rounds,
+            informative=informative,
+            trimmed=trimmed,
         )
+
+    def _group_returns(self, rollouts: list[Rollout]) -> dict[str, list[float]]:
+        """Each group's rollout returns as the advantages will see them: a succeeded
+        rollout's first transition's reward (its return under either credit mode);
+        rollouts that cannot train (failed, no token ids, no calls) are left out."""
+        out: dict[str, list[float]] = {}
+        for r in rollouts:
+            if r.status != RolloutStatus.SUCCEEDED:
+                continue
+            try:
+                trans = transitions(r, self.credit)
+            except MissingTokenIds:
+                continue
+            if trans:
+                first = min(trans, key=lambda t: t.step)
+                out.setdefault(first.group, []).append(first.reward)
+        return out
 
     def _step(
         self,
@@ -435,8 +531,14 @@ class Trainer:
             **timing,
             "throughput/completion_tokens_total": gen.get("completion_tokens", 0),
             "throughput/tokens_per_s": got.tokens / max(got.seconds, 1e-9),
-            "throughput/rollouts_per_s": len(got.rollouts) / max(got.seconds, 1e-9),
+            "throughput/rollouts_per_s": (got.sampled or len(got.rollouts))
+            / max(got.seconds, 1e-9),
         }
+        if got.informative is not None:  # dynamic sampling
+            row["train/rounds"] = float(got.rounds)
+            row["train/sampled_rollouts"] = float(got.sampled)
+            row["train/informative_groups"] = float(got.informative)
+            row["train/trimmed_groups"] = float(got.trimmed)
         metrics.write(step, row)
         self.reporter.line(
             f"step {step:>3} | reward {stats['train/reward_mean']:.3f} ± "
@@ -444,7 +546,8 @@ class Trainer:
             f"| kl {upd.get('update/approx_kl', 0.0):.4f} "
             f"| clip {upd.get('update/clip_frac', 0.0):.3f}"
             f" | failed {stats['train/failed']:.0f} skipped {stats['train/skipped_groups']:.0f}"
-            f" | {got.seconds:.1f}s rollout + {upd.get('time/update_s', 0.0):.1f}s update"
+            + (f" | rounds {got.rounds}" if got.informative is not None else "")
+            + f" | {got.seconds:.1f}s rollout + {upd.get('time/update_s', 0.0):.1f}s update"
             + (
                 f" | stale {stats['offpolicy/staleness_mean']:.2f} "
                 f"dropped {stats['offpolicy/dropped']:.0f}"
