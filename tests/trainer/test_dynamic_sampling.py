@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trainer_harness import read_jsonl
+from trainer_harness import read_jsonl, write_jsonl
 
 from boltrl.errors import InvalidInput
 from boltrl.store import open_store
@@ -71,11 +71,12 @@ class _RecordingKind(TorchBackend):
 
 def _config(d: Path, kinds: list[str], **extra: Any) -> TrainConfig:
     (d / "agent.py").write_text(AGENT)
-    (d / "train.jsonl").write_text(
-        "".join(
-            f'{{"id": "t{i}", "kind": "{k}", "prompt": "Say something about {i}."}}\n'
+    write_jsonl(
+        d / "train.jsonl",
+        (
+            {"id": f"t{i}", "kind": k, "prompt": f"Say something about {i}."}
             for i, k in enumerate(kinds)
-        )
+        ),
     )
     data = {
         "agent": f"{d / 'agent.py'}:agent",

@@ -147,8 +147,9 @@ def _is_mixed(returns: list[float]) -> bool:
     return len(returns) > 1 and max(returns) - min(returns) > 1e-12
 
 
-def _count_informative(order: list[str], returns: dict[str, list[float]]) -> int:
-    return sum(_is_mixed(returns.get(g, [])) for g in dict.fromkeys(order))
+def _informative(order: list[str], returns: dict[str, list[float]]) -> list[str]:
+    """The groups of ``order`` (once each, in order) whose returns differ."""
+    return [g for g in dict.fromkeys(order) if _is_mixed(returns.get(g, []))]
 
 
 class Trainer:
@@ -420,11 +421,11 @@ class Trainer:
                 break  # a round that failed whole: _prepare reports it (and stops the run)
             for g, values in self._group_returns(got).items():
                 returns.setdefault(g, []).extend(values)
-            if _count_informative(order, returns) >= ds.min_groups:
+            if len(_informative(order, returns)) >= ds.min_groups:
                 break
         sampled, informative, trimmed = len(rollouts), None, 0
         if ds is not None:
-            mixed = [g for g in dict.fromkeys(order) if _is_mixed(returns.get(g, []))]
+            mixed = _informative(order, returns)
             informative = len(mixed)
             drop = set(mixed[cfg.batch_tasks :])
             trimmed = len(drop)
