@@ -11,6 +11,9 @@ and the run's `metrics.jsonl` holds validation after the warm start (step 0) and
     uv run python benchmarks/recipe_seeds.py examples/calc_agent/train.yaml --set steps=0
 
 Prints one markdown table row per seed and a summary row; `--png` writes the curve.
+`--test` also evaluates each seed's warm-start and final checkpoints on the config's test
+split (greedy `boltrl eval --checkpoint`, after the seed's recipe: not in its wall) and
+prints a second table; `--test-only` does that for the runs already in `--out`.
 """
 
 from __future__ import annotations
@@ -82,6 +85,49 @@ def run(
     return res
 
 
+def _last_checkpoint(folder: Path) -> Path | None:
+    steps = sorted(folder.glob("step-*"))
+    return steps[-1] if steps else None
+
+
+def test_split(config: str, out: Path, extra: list[str]) -> dict[str, Any]:
+    """Greedy test-split reward of a finished seed's warm-start and final checkpoints,
+    through the real CLI (`boltrl eval --checkpoint`); each eval's report is kept beside
+    the run. Held out like val, and never seen by a teacher or a training step."""
+    res: dict[str, Any] = {}
+    for key, ck in (
+        ("warm", _last_checkpoint(out / "warm_start" / "checkpoints")),
+        ("rl", _last_checkpoint(out / "checkpoints")),
+    ):
+        if ck is None:
+            res[key] = None
+            continue
+        report = out / f"test-{key}.json"
+        cmd = [sys.executable, "-m", "boltrl.cli", "eval", config, "--split", "test"]
+        cmd += ["--checkpoint", str(ck), "--per-task", "0", "--report", str(report), *extra]
+        with (out / f"test-{key}.log").open("w") as fh:
+            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"test eval of {ck} failed (exit {proc.returncode})")
+        res[key] = json.loads(report.read_text())["splits"]["test"]["mean"]
+    return res
+
+
+def print_test(rows: list[tuple[int, dict[str, Any]]]) -> None:
+    print("\n| seed | test after warm start | test after RL | RL gain on test |")
+    print("|---:|---:|---:|---:|")
+    gains = []
+    for seed, t in rows:
+        gain = None if t["warm"] is None or t["rl"] is None else t["rl"] - t["warm"]
+        if gain is not None:
+            gains.append(gain)
+        shown = "n/a" if gain is None else f"{gain:+.3f}"
+        print(f"| {seed} | {_fmt(t['warm'])} | {_fmt(t['rl'])} | {shown} |")
+    warm = [t["warm"] for _, t in rows if t["warm"] is not None]
+    rl = [t["rl"] for _, t in rows if t["rl"] is not None]
+    print(f"| mean ± std | {_ms(warm)} | {_ms(rl)} | {_ms(gains)} |", flush=True)
+
+
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
@@ -135,11 +181,20 @@ def main() -> None:
         help="the base model's held-out reward measured by an earlier run with the same "
         "val settings; every seed then skips that validation",
     )
+    ap.add_argument("--test", action="store_true", help="also evaluate on the test split")
+    ap.add_argument(
+        "--test-only",
+        action="store_true",
+        help="only evaluate the runs already in --out on the test split",
+    )
     args = ap.parse_args()
     name = Path(args.config).resolve().parent.name
     out = Path(args.out or f"runs/recipe-{name}")
     out.mkdir(parents=True, exist_ok=True)
     extra = [x for o in args.overrides for x in ("--set", o)]
+    if args.test_only:
+        print_test([(s, test_split(args.config, out / f"seed-{s}", extra)) for s in args.seeds])
+        return
     print("| seed | base | after warm start | after RL | RL gain | wall (s) | load avg |")
     print("|---:|---:|---:|---:|---:|---:|---|")
     results = []
@@ -163,6 +218,12 @@ def main() -> None:
         f"| mean ± std | {_ms(col('base'))} | {_ms(col('warm'))} | {_ms(col('rl'))} | "
         f"{_ms(gains)} | {statistics.mean(col('wall_s')):.0f} | |"
     )
+    if args.test:
+        seeds = [r["seed"] for r in results]
+        tests = [(s, test_split(args.config, out / f"seed-{s}", extra)) for s in seeds]
+        print_test(tests)
+        for (_, t), r in zip(tests, results, strict=True):
+            r["test"] = t
     (out / "results.json").write_text(json.dumps(results, indent=1))
     if args.png:
         plot(results, Path(args.png), f"{name}: warm start then RL ({len(results)} seeds)")
