@@ -238,6 +238,13 @@ def hard_train() -> list[Task]:
     return _shipped_train((3, 4))
 
 
+def hard_train_with_level2() -> list[Task]:
+    """The shipped training tasks of levels 2, 3 and 4: ``hard_train`` plus level 2, whose
+    groups have equal rewards while the model still solves them and mixed ones once RL
+    starts to lose them, so GRPO sees (and pushes back on) forgetting there."""
+    return _shipped_train((2, 3, 4))
+
+
 def main(argv: list[str] | None = None) -> None:
     here = Path(__file__).resolve().parent
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
