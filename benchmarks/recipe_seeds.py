@@ -90,7 +90,7 @@ def _last_checkpoint(folder: Path) -> Path | None:
     return steps[-1] if steps else None
 
 
-def test_split(config: str, out: Path, extra: list[str]) -> dict[str, Any]:
+def eval_test_split(config: str, out: Path, extra: list[str]) -> dict[str, Any]:
     """Greedy test-split reward of a finished seed's warm-start and final checkpoints,
     through the real CLI (`boltrl eval --checkpoint`); each eval's report is kept beside
     the run. Held out like val, and never seen by a teacher or a training step."""
@@ -193,7 +193,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     extra = [x for o in args.overrides for x in ("--set", o)]
     if args.test_only:
-        print_test([(s, test_split(args.config, out / f"seed-{s}", extra)) for s in args.seeds])
+        done = [(s, eval_test_split(args.config, out / f"seed-{s}", extra)) for s in args.seeds]
+        print_test(done)
         return
     print("| seed | base | after warm start | after RL | RL gain | wall (s) | load avg |")
     print("|---:|---:|---:|---:|---:|---:|---|")
@@ -220,7 +221,7 @@ def main() -> None:
     )
     if args.test:
         seeds = [r["seed"] for r in results]
-        tests = [(s, test_split(args.config, out / f"seed-{s}", extra)) for s in seeds]
+        tests = [(s, eval_test_split(args.config, out / f"seed-{s}", extra)) for s in seeds]
         print_test(tests)
         for (_, t), r in zip(tests, results, strict=True):
             r["test"] = t
