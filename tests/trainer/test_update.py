@@ -183,3 +183,36 @@ def test_kl_reference_is_the_policy_rl_started_from(tmp_path: Any, lora: bool) -
     resumed.load(tmp_path / "ckpt", policy_version=2)
     assert resumed._ref is not None
     assert all(torch.equal(r, s) for r, s in zip(resumed._ref, start, strict=True))
+
+
+def test_kl_reference_runs_once_a_microbatch_over_all_epochs(policy: Any) -> None:
+    """Epochs after the first reuse the reference's logprobs of epoch 0 (neither its
+    weights nor the batch change): one reference forward a micro-batch per update, not
+    one an epoch."""
+    model, tok = policy
+    backend = TransformersBackend(model, tok, max_batch=4, seed=3)
+    try:
+        gens = _sample(backend, ["hi", "hi", "a longer prompt", "a longer prompt"], 1.0)
+    finally:
+        backend.close()
+    trans = _transitions(gens)
+    batch = TrainBatch(trans, [1.0, -1.0, 1.0, -1.0], policy_version=0, temperature=1.0)
+    algo = make_config("grpo", {"kl_coef": 0.5})
+    tb = TorchTrainingBackend(model, algo, OptimConfig(lr=1e-2, epochs=3), pad_id=tok.pad_token_id)
+    tb._share_states = False  # the plain forward: one embedding call a forward
+    forwards = 0
+
+    def count(*_: Any) -> None:
+        nonlocal forwards
+        forwards += 1
+
+    hook = model.get_input_embeddings().register_forward_hook(count)
+    try:
+        tb.update(batch)  # sets the reference: the weights before this update
+        forwards = 0
+        m = tb.update(batch)
+    finally:
+        hook.remove()
+    micro = int(m["update/microbatches"])
+    assert forwards == micro * (1 + 3)  # one reference pass, three epochs with grad
+    assert m["update/kl_ref"] > 1e-7 and m["time/reference_s"] > 0.0

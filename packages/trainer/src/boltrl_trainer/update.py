@@ -283,8 +283,12 @@ class TorchTrainingBackend:
         micro, shared = self._pack(items)
         stale = [staleness_of(t, self._version) > 0 for t in items]
         prox_cache: dict[int, torch.Tensor] = {}  # computed in epoch 0: the proximal weights
+        # The reference's logprobs of a micro-batch are the same in every epoch (its weights
+        # and the batch do not change): computed once, in epoch 0, they save a forward a
+        # micro-batch in each later epoch (with dropout, one draw stands for all epochs)
+        ref_cache: dict[int, torch.Tensor] = {}
         is_sums = dict.fromkeys(("n", "w", "w2", "max", "trunc"), 0.0)
-        t_prox, passes = 0.0, 0
+        t_prox, t_ref, passes = 0.0, 0.0, 0
         noisy = any(stale) and _dropout_active(self.model)
         self.model.train()
         sums: dict[str, float] = {}
@@ -297,9 +301,13 @@ class TorchTrainingBackend:
                     [items[i] for i in mb], [batch.advantages[i] for i in mb], shared=shared
                 )
                 ref = None
-                if self._use_ref:  # before the forward with grad: it swaps weights in place
-                    with torch.no_grad(), self._reference_weights():
-                        ref = self._logprobs(x, batch.temperature)
+                if self._use_ref:
+                    if j not in ref_cache:  # before the forward with grad: swaps weights
+                        t1 = time.perf_counter()
+                        with torch.no_grad(), self._reference_weights():
+                            ref_cache[j] = self._logprobs(x, batch.temperature)
+                        t_ref += time.perf_counter() - t1
+                    ref = ref_cache[j]
                 new = self._logprobs(x, batch.temperature)
                 prox = None
                 if any(stale[i] for i in mb):
@@ -352,6 +360,8 @@ class TorchTrainingBackend:
             metrics.update(_is_metrics(is_sums))
             metrics["time/proximal_s"] = t_prox
             metrics["update/proximal_passes"] = float(passes)  # separate forwards (dropout)
+        if self._use_ref:
+            metrics["time/reference_s"] = t_ref  # the KL reference's forwards, in update_s
         metrics["time/update_s"] = time.perf_counter() - t0
         return metrics
 
