@@ -62,15 +62,28 @@ def _transitions(gens: list[Any]) -> list[Transition]:
     ]
 
 
+def _sampled_transitions(
+    model: Any, tok: Any, prompts: list[str], seed: int, temperature: float = 1.0
+) -> list[Transition]:
+    """Sample ``prompts`` from ``model`` through a real ``TransformersBackend``; the
+    replies as transitions (alternating rewards 0 / 1)."""
+    backend = TransformersBackend(model, tok, max_batch=4, seed=seed)
+    try:
+        return _transitions(_sample(backend, prompts, temperature))
+    finally:
+        backend.close()
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_recomputed_logprobs_match_the_recorded_ones(policy: Any, temperature: float) -> None:
     model, tok = policy
-    backend = TransformersBackend(model, tok, max_batch=4, seed=1)
-    try:
-        gens = _sample(backend, ["hi", "a longer prompt than that", "x", "two words"], temperature)
-    finally:
-        backend.close()
-    trans = _transitions(gens)
+    trans = _sampled_transitions(
+        model,
+        tok,
+        ["hi", "a longer prompt than that", "x", "two words"],
+        seed=1,
+        temperature=temperature,
+    )
     tb = TorchTrainingBackend(model, make_config("grpo"), OptimConfig(), pad_id=tok.pad_token_id)
     x = tb._tensors(trans, [0.0] * len(trans))
     with torch.no_grad():
@@ -82,12 +95,7 @@ def test_recomputed_logprobs_match_the_recorded_ones(policy: Any, temperature: f
 
 def test_update_moves_the_policy_towards_advantaged_actions(policy: Any) -> None:
     model, tok = policy
-    backend = TransformersBackend(model, tok, max_batch=4, seed=2)
-    try:
-        gens = _sample(backend, ["hi", "hello", "hey", "yo"], 1.0)
-    finally:
-        backend.close()
-    trans = _transitions(gens)
+    trans = _sampled_transitions(model, tok, ["hi", "hello", "hey", "yo"], seed=2)
     adv = [1.0, -1.0, 1.0, -1.0]
     tb = TorchTrainingBackend(
         model, make_config("grpo"), OptimConfig(lr=0.05), pad_id=tok.pad_token_id
@@ -154,12 +162,9 @@ def test_kl_reference_is_the_policy_rl_started_from(tmp_path: Any, lora: bool) -
     if lora:
         model = apply_lora(model, LoraConfig(r=4, alpha=8))
     model.train(False)
-    backend = TransformersBackend(model, tok, max_batch=4, seed=2)
-    try:
-        gens = _sample(backend, ["hi", "hi", "a longer prompt", "a longer prompt"], 1.0)
-    finally:
-        backend.close()
-    trans = _transitions(gens)
+    trans = _sampled_transitions(
+        model, tok, ["hi", "hi", "a longer prompt", "a longer prompt"], seed=2
+    )
     algo = make_config("grpo", {"kl_coef": 0.5})
 
     def trainer(m: Any) -> TorchTrainingBackend:
@@ -190,12 +195,9 @@ def test_kl_reference_runs_once_a_microbatch_over_all_epochs(policy: Any) -> Non
     weights nor the batch change): one reference forward a micro-batch per update, not
     one an epoch."""
     model, tok = policy
-    backend = TransformersBackend(model, tok, max_batch=4, seed=3)
-    try:
-        gens = _sample(backend, ["hi", "hi", "a longer prompt", "a longer prompt"], 1.0)
-    finally:
-        backend.close()
-    trans = _transitions(gens)
+    trans = _sampled_transitions(
+        model, tok, ["hi", "hi", "a longer prompt", "a longer prompt"], seed=3
+    )
     batch = TrainBatch(trans, [1.0, -1.0, 1.0, -1.0], policy_version=0, temperature=1.0)
     algo = make_config("grpo", {"kl_coef": 0.5})
     tb = TorchTrainingBackend(model, algo, OptimConfig(lr=1e-2, epochs=3), pad_id=tok.pad_token_id)
