@@ -125,18 +125,19 @@ def print_test(rows: list[tuple[int, dict[str, Any]]]) -> None:
         print(f"| {seed} | {_fmt(t['warm'])} | {_fmt(t['rl'])} | {shown} |")
     warm = [t["warm"] for _, t in rows if t["warm"] is not None]
     rl = [t["rl"] for _, t in rows if t["rl"] is not None]
-    print(f"| mean ± std | {_ms(warm)} | {_ms(rl)} | {_ms(gains)} |", flush=True)
+    print(f"| mean ± std | {_ms(warm)} | {_ms(rl)} | {_ms(gains, signed=True)} |", flush=True)
 
 
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
-def _ms(xs: list[float]) -> str:
+def _ms(xs: list[float], signed: bool = False) -> str:
+    """Mean ± std (n - 1); ``signed``: a gain, printed with its sign as the seed rows are."""
     if not xs:
         return "n/a"
     sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-    return f"{statistics.mean(xs):.3f} ± {sd:.3f}"
+    return f"{statistics.mean(xs):{'+' if signed else ''}.3f} ± {sd:.3f}"
 
 
 def plot(results: list[dict[str, Any]], png: Path, title: str) -> None:
@@ -217,7 +218,7 @@ def main() -> None:
     gains = [r["rl"] - r["warm"] for r in results if r["rl"] is not None and r["warm"] is not None]
     print(
         f"| mean ± std | {_ms(col('base'))} | {_ms(col('warm'))} | {_ms(col('rl'))} | "
-        f"{_ms(gains)} | {statistics.mean(col('wall_s')):.0f} | |"
+        f"{_ms(gains, signed=True)} | {statistics.mean(col('wall_s')):.0f} | |"
     )
     if args.test:
         seeds = [r["seed"] for r in results]
