@@ -71,18 +71,30 @@ def run(
     if proc.returncode != 0:
         raise SystemExit(f"seed {seed} failed (exit {proc.returncode}); see {log}")
     ws = _val(_rows(out / "warm_start" / "metrics.jsonl"))
-    rl = _val(_rows(out / "metrics.jsonl"))
+    rows = _rows(out / "metrics.jsonl")
+    rl = _val(rows)
     warm_started = bool(ws) or base is not None
     res: dict[str, Any] = {
         "seed": seed,
         "base": base if base is not None else ws[0][1] if ws else (rl[0][1] if rl else None),
         "warm": rl[0][1] if warm_started and rl else None,
         "rl": rl[-1][1] if rl else None,
+        "groups": _trained_groups(rows),
         "wall_s": wall,
         "load": (load0, load1),
         "curve": [(t - t0, v) for t, v in ws[:1] + rl],
     }
     return res
+
+
+def _trained_groups(rows: list[dict[str, Any]]) -> float | None:
+    """Groups with mixed returns the RL steps trained on, summed over the run: how much
+    signal it had (a group of equal returns teaches GRPO nothing). None for a run written
+    before the trainer logged ``train/trained_groups``."""
+    steps = [r for r in rows if "train/reward_mean" in r]
+    if any("train/trained_groups" not in r for r in steps):
+        return None
+    return float(sum(r["train/trained_groups"] for r in steps))
 
 
 def _last_checkpoint(folder: Path) -> Path | None:
@@ -130,6 +142,14 @@ def print_test(rows: list[tuple[int, dict[str, Any]]]) -> None:
 
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
+
+
+def _count(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.0f}"
+
+
+def _mean(xs: list[float]) -> float | None:
+    return statistics.mean(xs) if xs else None
 
 
 def _ms(xs: list[float], signed: bool = False) -> str:
@@ -197,8 +217,11 @@ def main() -> None:
         done = [(s, eval_test_split(args.config, out / f"seed-{s}", extra)) for s in args.seeds]
         print_test(done)
         return
-    print("| seed | base | after warm start | after RL | RL gain | wall (s) | load avg |")
-    print("|---:|---:|---:|---:|---:|---:|---|")
+    print(
+        "| seed | base | after warm start | after RL | RL gain | groups trained | wall (s) "
+        "| load avg |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---|")
     results = []
     for s in args.seeds:
         base = results[0]["base"] if args.base_once and results else args.base
@@ -207,7 +230,8 @@ def main() -> None:
         gain = None if r["rl"] is None or r["warm"] is None else r["rl"] - r["warm"]
         print(
             f"| {s} | {_fmt(r['base'])} | {_fmt(r['warm'])} | {_fmt(r['rl'])} | "
-            f"{'n/a' if gain is None else f'{gain:+.3f}'} | {r['wall_s']:.0f} | "
+            f"{'n/a' if gain is None else f'{gain:+.3f}'} | {_count(r['groups'])} | "
+            f"{r['wall_s']:.0f} | "
             f"{r['load'][0]:.1f} → {r['load'][1]:.1f} |",
             flush=True,
         )
@@ -218,7 +242,8 @@ def main() -> None:
     gains = [r["rl"] - r["warm"] for r in results if r["rl"] is not None and r["warm"] is not None]
     print(
         f"| mean ± std | {_ms(col('base'))} | {_ms(col('warm'))} | {_ms(col('rl'))} | "
-        f"{_ms(gains, signed=True)} | {statistics.mean(col('wall_s')):.0f} | |"
+        f"{_ms(gains, signed=True)} | {_count(_mean(col('groups')))} | "
+        f"{statistics.mean(col('wall_s')):.0f} | |"
     )
     if args.test:
         seeds = [r["seed"] for r in results]

@@ -161,6 +161,7 @@ def test_rounds_stop_once_enough_groups_are_informative(tmp_path: Path) -> None:
         trained = list(dict.fromkeys(t.group for t in batch.transitions))
         assert trained == mixed[:3], "the update trains the first batch_tasks informative groups"
         assert row["train/trimmed_groups"] == len(mixed) - len(trained)
+        assert row["train/trained_groups"] == len(trained)
     assert any(r["train/rounds"] > 1 for r in rows), "no step needed a second round"
 
 
@@ -170,6 +171,7 @@ def test_a_step_without_informative_groups_runs_max_rounds(tmp_path: Path) -> No
     (row,) = [r for r in read_jsonl(out / "metrics.jsonl") if "train/rounds" in r]
     assert row["train/rounds"] == 2 and row["train/informative_groups"] == 0
     assert row["train/sampled_rollouts"] == 12 and row["train/skipped_groups"] == 6
+    assert row["train/trained_groups"] == 0
     assert recorder.batches[0].transitions == []
     ids = {r.task.id for r in _train_rollouts(out)}
     assert len(ids) == 6  # two rounds of 3 fresh tasks (of 7)

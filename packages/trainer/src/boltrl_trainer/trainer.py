@@ -590,6 +590,7 @@ class Trainer:
             "train/refused": float(refused),
             "train/transitions": float(len(trans)),
             "train/skipped_groups": 0.0,
+            "train/trained_groups": 0.0,
             **staleness.metrics(),
         }
         if not trans:
@@ -597,6 +598,9 @@ class Trainer:
         adv = compute_advantages(trans, None, self.algo, running=self.baseline)
         keep = adv.keep.tolist()
         stats["train/skipped_groups"] = adv.stats.get("skipped_groups", 0.0)
+        # the groups the update learns from (mixed returns): a step's signal, which
+        # benchmarks/recipe_seeds.py sums over a run
+        stats["train/trained_groups"] = adv.stats.get("groups", 0.0) - stats["train/skipped_groups"]
         stats["train/advantage_abs_mean"] = float(adv.advantages.abs().mean())
         kept = [t for t, k in zip(trans, keep, strict=True) if k]
         values = [a for a, k in zip(adv.advantages.tolist(), keep, strict=True) if k]
