@@ -13,7 +13,8 @@ and the run's `metrics.jsonl` holds validation after the warm start (step 0) and
 Prints one markdown table row per seed and a summary row; `--png` writes the curve.
 `--test` also evaluates each seed's warm-start and final checkpoints on the config's test
 split (greedy `boltrl eval --checkpoint`, after the seed's recipe: not in its wall) and
-prints a second table; `--test-only` does that for the runs already in `--out`.
+prints a second table; `--test-only` does that for the runs already in `--out`, and
+`--test-limit N` evaluates the first N test tasks only.
 """
 
 from __future__ import annotations
@@ -102,10 +103,13 @@ def _last_checkpoint(folder: Path) -> Path | None:
     return steps[-1] if steps else None
 
 
-def eval_test_split(config: str, out: Path, extra: list[str]) -> dict[str, Any]:
+def eval_test_split(
+    config: str, out: Path, extra: list[str], limit: int | None = None
+) -> dict[str, Any]:
     """Greedy test-split reward of a finished seed's warm-start and final checkpoints,
     through the real CLI (`boltrl eval --checkpoint`); each eval's report is kept beside
-    the run. Held out like val, and never seen by a teacher or a training step."""
+    the run. Held out like val, and never seen by a teacher or a training step. ``limit``:
+    the first that many test tasks only (`boltrl eval --limit`)."""
     res: dict[str, Any] = {}
     for key, ck in (
         ("warm", _last_checkpoint(out / "warm_start" / "checkpoints")),
@@ -117,6 +121,8 @@ def eval_test_split(config: str, out: Path, extra: list[str]) -> dict[str, Any]:
         report = out / f"test-{key}.json"
         cmd = [sys.executable, "-m", "boltrl.cli", "eval", config, "--split", "test"]
         cmd += ["--checkpoint", str(ck), "--per-task", "0", "--report", str(report), *extra]
+        if limit is not None:
+            cmd += ["--limit", str(limit)]
         with (out / f"test-{key}.log").open("w") as fh:
             proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, text=True)
         if proc.returncode != 0:
@@ -204,6 +210,12 @@ def main() -> None:
     )
     ap.add_argument("--test", action="store_true", help="also evaluate on the test split")
     ap.add_argument(
+        "--test-limit",
+        type=int,
+        default=None,
+        help="evaluate the first N test tasks only (the validations' size, say)",
+    )
+    ap.add_argument(
         "--test-only",
         action="store_true",
         help="only evaluate the runs already in --out on the test split",
@@ -214,7 +226,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     extra = [x for o in args.overrides for x in ("--set", o)]
     if args.test_only:
-        done = [(s, eval_test_split(args.config, out / f"seed-{s}", extra)) for s in args.seeds]
+        done = [
+            (s, eval_test_split(args.config, out / f"seed-{s}", extra, args.test_limit))
+            for s in args.seeds
+        ]
         print_test(done)
         return
     print(
@@ -247,7 +262,10 @@ def main() -> None:
     )
     if args.test:
         seeds = [r["seed"] for r in results]
-        tests = [(s, eval_test_split(args.config, out / f"seed-{s}", extra)) for s in seeds]
+        tests = [
+            (s, eval_test_split(args.config, out / f"seed-{s}", extra, args.test_limit))
+            for s in seeds
+        ]
         print_test(tests)
         for (_, t), r in zip(tests, results, strict=True):
             r["test"] = t
