@@ -201,10 +201,15 @@ def test_correct_trajectory(ex: Example, docs: dict[str, dict[str, str]]) -> Non
     assert [(r.name, r.value, r.final) for r in rollout.rewards] == [("gold_doc", 0.1, False)] * 2
     calls, rewards = rollout.calls, rollout.rewards
     assert calls[0].seq < rewards[0].seq < calls[1].seq < rewards[1].seq < calls[2].seq
-    # train.yaml's credit: return-to-go, so each search is credited with what it found
-    credit = load_config(EXAMPLE / "train.yaml").credit
+    # return-to-go: with calls separate, each search is credited with what it found ...
+    credit = dict(load_config(EXAMPLE / "train.yaml").credit)
+    assert credit.pop("merge_prefix") is True
     steps_credit = [t.reward for t in boltrl.transitions(rollout, CreditConfig.from_dict(credit))]
     assert steps_credit == pytest.approx([1.2, 1.1, 1.0])
+    # ... and train.yaml merges the three calls (each prompt continues the one before) into
+    # one transition that carries the episode's whole return
+    merged = CreditConfig.from_dict({**credit, "merge_prefix": True})
+    assert [t.reward for t in boltrl.transitions(rollout, merged)] == pytest.approx([1.2])
 
 
 def test_wrong_trajectories(ex: Example) -> None:
@@ -250,7 +255,7 @@ def test_configs_validate_and_so_does_the_gpu_setting(tmp_path: Path) -> None:
     cfg = load_config(tmp_path / "gpu.yaml")
     assert (cfg.backend, cfg.model, cfg.dtype) == ("verl", "Qwen/Qwen2.5-1.5B-Instruct", "bfloat16")
     assert cfg.verl is not None and cfg.verl.tool_call_parser == "hermes"
-    assert cfg.credit == {"mode": "discounted", "gamma": 1.0}
+    assert cfg.credit == {"mode": "discounted", "gamma": 1.0, "merge_prefix": True}
 
 
 def test_boltrl_eval_on_the_tiny_model(tmp_path: Path) -> None:
