@@ -225,19 +225,24 @@ def main() -> None:
     out = Path(args.out or f"runs/recipe-{name}")
     out.mkdir(parents=True, exist_ok=True)
     extra = [x for o in args.overrides for x in ("--set", o)]
-    if args.test_only:
-        done = [
+
+    def test_split(seeds: list[int]) -> list[tuple[int, dict[str, Any]]]:
+        tests = [
             (s, eval_test_split(args.config, out / f"seed-{s}", extra, args.test_limit))
-            for s in args.seeds
+            for s in seeds
         ]
-        print_test(done)
+        print_test(tests)
+        return tests
+
+    if args.test_only:
+        test_split(args.seeds)
         return
     print(
         "| seed | base | after warm start | after RL | RL gain | groups trained | wall (s) "
         "| load avg |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---|")
-    results = []
+    results: list[dict[str, Any]] = []
     for s in args.seeds:
         base = results[0]["base"] if args.base_once and results else args.base
         r = run(args.config, s, out / f"seed-{s}", extra, out / f"seed-{s}.log", base)
@@ -261,12 +266,7 @@ def main() -> None:
         f"{statistics.mean(col('wall_s')):.0f} | |"
     )
     if args.test:
-        seeds = [r["seed"] for r in results]
-        tests = [
-            (s, eval_test_split(args.config, out / f"seed-{s}", extra, args.test_limit))
-            for s in seeds
-        ]
-        print_test(tests)
+        tests = test_split([r["seed"] for r in results])
         for (_, t), r in zip(tests, results, strict=True):
             r["test"] = t
     (out / "results.json").write_text(json.dumps(results, indent=1))
