@@ -80,7 +80,8 @@ def run(
         "base": base if base is not None else ws[0][1] if ws else (rl[0][1] if rl else None),
         "warm": rl[0][1] if warm_started and rl else None,
         "rl": rl[-1][1] if rl else None,
-        "groups": _trained_groups(rows),
+        "groups": _step_sum(rows, "train/trained_groups"),
+        "shaping": _step_sum(rows, "train/shaping_only_groups"),
         "wall_s": wall,
         "load": (load0, load1),
         "curve": [(t - t0, v) for t, v in ws[:1] + rl],
@@ -88,14 +89,16 @@ def run(
     return res
 
 
-def _trained_groups(rows: list[dict[str, Any]]) -> float | None:
-    """Groups with mixed returns the RL steps trained on, summed over the run: how much
-    signal it had (a group of equal returns teaches GRPO nothing). None for a run written
-    before the trainer logged ``train/trained_groups``."""
+def _step_sum(rows: list[dict[str, Any]], key: str) -> float | None:
+    """A step metric summed over the run's RL steps; None for a run written before the
+    trainer logged it. ``train/trained_groups``: groups with mixed returns the steps trained
+    on, how much signal the run had (a group of equal returns teaches GRPO nothing);
+    ``train/shaping_only_groups``: those of them whose final rewards were all equal, set
+    apart by intermediate rewards alone."""
     steps = [r for r in rows if "train/reward_mean" in r]
-    if any("train/trained_groups" not in r for r in steps):
+    if any(key not in r for r in steps):
         return None
-    return float(sum(r["train/trained_groups"] for r in steps))
+    return float(sum(r[key] for r in steps))
 
 
 def _last_checkpoint(folder: Path) -> Path | None:
@@ -148,6 +151,16 @@ def print_test(rows: list[tuple[int, dict[str, Any]]]) -> None:
 
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
+
+
+def _groups(r: dict[str, Any]) -> str:
+    """Groups trained, and in brackets those set apart by intermediate rewards alone
+    ("16 (3)"; no brackets for results written before the trainer logged them)."""
+    return _count(r["groups"]) + _paren(_count(r.get("shaping")))
+
+
+def _paren(text: str) -> str:
+    return "" if text == "n/a" else f" ({text})"
 
 
 def _count(x: float | None) -> str:
@@ -238,7 +251,8 @@ def main() -> None:
         test_split(args.seeds)
         return
     print(
-        "| seed | base | after warm start | after RL | RL gain | groups trained | wall (s) "
+        "| seed | base | after warm start | after RL | RL gain | groups trained (shaping only) "
+        "| wall (s) "
         "| load avg |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---|")
@@ -250,19 +264,20 @@ def main() -> None:
         gain = None if r["rl"] is None or r["warm"] is None else r["rl"] - r["warm"]
         print(
             f"| {s} | {_fmt(r['base'])} | {_fmt(r['warm'])} | {_fmt(r['rl'])} | "
-            f"{'n/a' if gain is None else f'{gain:+.3f}'} | {_count(r['groups'])} | "
+            f"{'n/a' if gain is None else f'{gain:+.3f}'} | {_groups(r)} | "
             f"{r['wall_s']:.0f} | "
             f"{r['load'][0]:.1f} → {r['load'][1]:.1f} |",
             flush=True,
         )
 
     def col(k: str) -> list[float]:
-        return [r[k] for r in results if r[k] is not None]
+        return [r[k] for r in results if r.get(k) is not None]
 
     gains = [r["rl"] - r["warm"] for r in results if r["rl"] is not None and r["warm"] is not None]
     print(
         f"| mean ± std | {_ms(col('base'))} | {_ms(col('warm'))} | {_ms(col('rl'))} | "
-        f"{_ms(gains, signed=True)} | {_count(_mean(col('groups')))} | "
+        f"{_ms(gains, signed=True)} | {_count(_mean(col('groups')))}"
+        f"{_paren(_count(_mean(col('shaping'))))} | "
         f"{statistics.mean(col('wall_s')):.0f} | |"
     )
     if args.test:

@@ -41,7 +41,12 @@ from boltrl.records import Rollout, RolloutStatus, Task, Transition
 from boltrl.scoring import summarize_scores
 from boltrl.store import open_store
 from boltrl.store.base import Store
-from boltrl_trainer.algorithms import RunningBaseline, compute_advantages, make_config
+from boltrl_trainer.algorithms import (
+    ReinforceConfig,
+    RunningBaseline,
+    compute_advantages,
+    make_config,
+)
 from boltrl_trainer.backends import backend_for
 from boltrl_trainer.config import TrainConfig
 from boltrl_trainer.failures import AllRolloutsFailed, failure_lines
@@ -591,6 +596,7 @@ class Trainer:
             "train/transitions": float(len(trans)),
             "train/skipped_groups": 0.0,
             "train/trained_groups": 0.0,
+            "train/shaping_only_groups": 0.0,
             **staleness.metrics(),
         }
         if not trans:
@@ -601,6 +607,10 @@ class Trainer:
         # the groups the update learns from (mixed returns): a step's signal, which
         # benchmarks/recipe_seeds.py sums over a run
         stats["train/trained_groups"] = adv.stats.get("groups", 0.0) - stats["train/skipped_groups"]
+        if not isinstance(self.algo, ReinforceConfig):  # its baseline is not the group's
+            stats["train/shaping_only_groups"] = float(
+                _shaping_only_groups(ok, trans, adv.keep.tolist())
+            )
         stats["train/advantage_abs_mean"] = float(adv.advantages.abs().mean())
         kept = [t for t, k in zip(trans, keep, strict=True) if k]
         values = [a for a, k in zip(adv.advantages.tolist(), keep, strict=True) if k]
@@ -678,3 +688,19 @@ class Trainer:
             f"resumed from {path} (step {state['step']}, policy version {state['policy_version']})"
         )
         return int(state["step"]), [tuple(x) for x in state.get("val_history", [])]
+
+
+def _shaping_only_groups(rollouts: list[Rollout], trans: list[Transition], keep: list[bool]) -> int:
+    """Groups the update learns from although their rollouts' final rewards are all equal:
+    their returns differ only by intermediate rewards (``emit_reward(..., final=False)``),
+    so with std-normalized advantages a 0.1 bonus difference trains as hard as success
+    against failure. Many such groups mean the step teaches collecting the shaping rewards,
+    not finishing the task (rag_agent's searches past the answer: its README)."""
+    final = {r.id: r.reward for r in rollouts}
+    finals: dict[str, set[float | None]] = {}
+    trained: set[str] = set()
+    for t, k in zip(trans, keep, strict=True):
+        finals.setdefault(t.group, set()).add(final.get(t.rollout_id))
+        if k:
+            trained.add(t.group)
+    return sum(1 for g in trained if len(finals[g]) == 1)
