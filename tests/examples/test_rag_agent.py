@@ -201,18 +201,19 @@ def test_correct_trajectory(ex: Example, docs: dict[str, dict[str, str]]) -> Non
     assert [(r.name, r.value, r.final) for r in rollout.rewards] == [("gold_doc", 0.1, False)] * 2
     calls, rewards = rollout.calls, rollout.rewards
     assert calls[0].seq < rewards[0].seq < calls[1].seq < rewards[1].seq < calls[2].seq
-    # return-to-go: with calls separate, each search is credited with what it found ...
-    credit = dict(load_config(EXAMPLE / "train.yaml").credit)
-    assert credit.pop("merge_prefix") is True
-    steps_credit = [t.reward for t in boltrl.transitions(rollout, CreditConfig.from_dict(credit))]
-    assert steps_credit == pytest.approx([1.2, 1.1, 1.0])
-    # ... and train.yaml merges the three calls (each prompt continues the one before) into
-    # one transition that carries the episode's whole return
-    merged = CreditConfig.from_dict({**credit, "merge_prefix": True})
-    assert [t.reward for t in boltrl.transitions(rollout, merged)] == pytest.approx([1.2])
+    # as return-to-go (credit mode discounted), each search is credited with what it found
+    discounted = CreditConfig(mode="discounted", gamma=1.0)
+    assert [t.reward for t in boltrl.transitions(rollout, discounted)] == pytest.approx(
+        [1.2, 1.1, 1.0]
+    )
+    # train.yaml trains on the answer's F1 alone, the three calls (each prompt continues the
+    # one before) merged into one transition
+    credit = CreditConfig.from_dict(dict(load_config(EXAMPLE / "train.yaml").credit))
+    assert (credit.mode, credit.merge_prefix) == ("final", True)
+    assert [t.reward for t in boltrl.transitions(rollout, credit)] == pytest.approx([1.0])
 
 
-def test_wrong_trajectories(ex: Example) -> None:
+def test_wrong_trajectories(ex: Example, docs: dict[str, dict[str, str]]) -> None:
     task = ex.data.build(0)[1]["val"][0]
     script = [_search("weather in Paris"), "Paris"]
     rollout = boltrl.run_rollout(ex.agent, task, backend=ScriptedBackend(script))
@@ -232,6 +233,20 @@ def test_wrong_trajectories(ex: Example) -> None:
         0,
     )
     assert len(rollout.calls) == ex.module.MAX_TURNS
+
+    # searching past the answer: both gold documents found, then no answer. Its bonuses
+    # would return 0.2, more than a wrong answer after a failed search; train.yaml's
+    # credit returns the answer's F1 alone, 0.0, as for any episode that never answered
+    hop1, hop2 = (docs[d]["title"] for d in task["supporting"])
+    script = [_search(hop1), _search(hop2)]  # the last reply repeats until MAX_TURNS
+    rollout = boltrl.run_rollout(ex.agent, task, backend=ScriptedBackend(script))
+    assert (rollout.status, rollout.reward) == (RolloutStatus.SUCCEEDED, 0.0)
+    assert len(rollout.calls) == ex.module.MAX_TURNS
+    assert [r.value for r in rollout.rewards] == [0.1, 0.1]
+    discounted = CreditConfig(mode="discounted", gamma=1.0, merge_prefix=True)
+    assert [t.reward for t in boltrl.transitions(rollout, discounted)] == pytest.approx([0.2])
+    credit = CreditConfig.from_dict(dict(load_config(EXAMPLE / "train.yaml").credit))
+    assert [t.reward for t in boltrl.transitions(rollout, credit)] == [0.0]
 
 
 def test_a_raw_musique_record_is_a_task(ex: Example) -> None:
@@ -255,7 +270,7 @@ def test_configs_validate_and_so_does_the_gpu_setting(tmp_path: Path) -> None:
     cfg = load_config(tmp_path / "gpu.yaml")
     assert (cfg.backend, cfg.model, cfg.dtype) == ("verl", "Qwen/Qwen2.5-1.5B-Instruct", "bfloat16")
     assert cfg.verl is not None and cfg.verl.tool_call_parser == "hermes"
-    assert cfg.credit == {"mode": "discounted", "gamma": 1.0, "merge_prefix": True}
+    assert cfg.credit == {"mode": "final", "merge_prefix": True}
 
 
 def test_boltrl_eval_on_the_tiny_model(tmp_path: Path) -> None:
