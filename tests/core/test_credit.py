@@ -12,6 +12,7 @@ import boltrl
 from boltrl.credit import (
     CreditConfig,
     MissingTokenIds,
+    final_reward,
     rollout_return,
     transitions,
     transitions_batch,
@@ -161,6 +162,20 @@ def test_final_without_final_reward_falls_back_to_sum_of_intermediate_then_zero(
     with_emitted = rollout(calls, [rew(0.5, 2), rew(0.25, 4)])
     assert [t.reward for t in transitions(with_emitted)] == [0.75, 0.75, 0.75]
     assert [t.reward for t in transitions(rollout(calls))] == [0.0, 0.0, 0.0]
+
+
+def test_final_reward_leaves_out_intermediate_rewards_and_follows_the_attempt() -> None:
+    calls = three_calls()
+    # the returned reward; else the last final event; else None (never the bonuses' sum)
+    assert final_reward(rollout(calls, [rew(0.5, 2)], reward=0.25), "discounted") == 0.25
+    assert final_reward(rollout(calls, [rew(0.5, 2), rew(0.75, 6, final=True)])) == 0.75
+    assert final_reward(rollout(calls, [rew(0.5, 2)])) is None
+    two = [call("a1", 1, [1], [2], attempt=1), call("b1", 10, [1], [3], attempt=2)]
+    rewards = [rew(0.5, 2, final=True, attempt=1), rew(0.9, 11, final=True, attempt=2)]
+    r = rollout(two, rewards, reward=0.9, attempts=(1, 2))
+    assert (final_reward(r), final_reward(r, "final", attempt=1)) == (0.9, 0.5)
+    with pytest.raises(InvalidInput, match=r"credit\.attempt"):
+        final_reward(r, "final", attempt=3)
 
 
 def test_calls_are_ordered_by_seq_and_lists_are_copies() -> None:

@@ -54,6 +54,7 @@ from boltrl.records import LLMCall, RewardEvent, Rollout, Transition
 __all__ = [
     "CreditConfig",
     "MissingTokenIds",
+    "final_reward",
     "rollout_return",
     "transitions",
     "transitions_batch",
@@ -367,6 +368,19 @@ def transitions_batch(
     for rollout in rollouts:
         out += transitions(rollout, cfg)
     return out
+
+
+def final_reward(
+    rollout: Rollout, credit: CreditConfig | str = "final", **overrides: Any
+) -> float | None:
+    """The final reward of the attempt ``credit`` selects, by the module's rule (the
+    agent's returned reward, else the attempt's last ``final`` reward event), without the
+    intermediate rewards; None when there is none. Raises ``InvalidInput`` for an
+    attempt the rollout does not have."""
+    cfg = _config(credit, overrides)
+    attempt = _attempt_number(rollout, cfg)
+    rewards = [ev for ev in rollout.rewards if attempt is None or ev.attempt == attempt]
+    return _final_reward(rollout, attempt, rewards)
 
 
 def rollout_return(

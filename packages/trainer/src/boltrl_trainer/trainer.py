@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from boltrl.credit import CreditConfig, MissingTokenIds, transitions
+from boltrl.credit import CreditConfig, MissingTokenIds, final_reward, transitions
 from boltrl.errors import InvalidInput
 from boltrl.loading import load_object
 from boltrl.records import Rollout, RolloutStatus, Task, Transition
@@ -609,7 +609,7 @@ class Trainer:
         stats["train/trained_groups"] = adv.stats.get("groups", 0.0) - stats["train/skipped_groups"]
         if not isinstance(self.algo, ReinforceConfig):  # its baseline is not the group's
             stats["train/shaping_only_groups"] = float(
-                _shaping_only_groups(ok, trans, adv.keep.tolist())
+                _shaping_only_groups(ok, trans, adv.keep.tolist(), self.credit)
             )
         stats["train/advantage_abs_mean"] = float(adv.advantages.abs().mean())
         kept = [t for t, k in zip(trans, keep, strict=True) if k]
@@ -690,13 +690,15 @@ class Trainer:
         return int(state["step"]), [tuple(x) for x in state.get("val_history", [])]
 
 
-def _shaping_only_groups(rollouts: list[Rollout], trans: list[Transition], keep: list[bool]) -> int:
+def _shaping_only_groups(
+    rollouts: list[Rollout], trans: list[Transition], keep: list[bool], credit: CreditConfig
+) -> int:
     """Groups the update learns from although their rollouts' final rewards are all equal:
     their returns differ only by intermediate rewards (``emit_reward(..., final=False)``),
     so with std-normalized advantages a 0.1 bonus difference trains as hard as success
     against failure. Many such groups mean the step teaches collecting the shaping rewards,
     not finishing the task (rag_agent's searches past the answer: its README)."""
-    final = {r.id: r.reward for r in rollouts}
+    final = {r.id: final_reward(r, credit) for r in rollouts}
     finals: dict[str, set[float | None]] = {}
     trained: set[str] = set()
     for t, k in zip(trans, keep, strict=True):
