@@ -1,7 +1,8 @@
 """Dynamic sampling (``dynamic_sampling: {min_groups, max_rounds}``) on the tiny model: a
 step runs more rounds of fresh tasks while too few groups have differing returns, stops
 as soon as enough have, never exceeds ``max_rounds``, and the update trains at most
-``batch_tasks`` informative groups, the first ones in sampling order."""
+``batch_tasks`` informative groups, the first ones in sampling order. Also the per-step
+group counts: ``train/trained_groups`` and ``train/shaping_only_groups``."""
 
 from __future__ import annotations
 
@@ -23,11 +24,14 @@ from boltrl_trainer.seams import PolicyServer, TrainBatch, TrainingBackend
 from boltrl_trainer.trainer import Trainer
 
 # "fixed" tasks earn the same reward whatever the model says (their groups teach nothing);
-# "mixed" ones score the sampled text, which differs between samples at temperature 1
+# "mixed" ones score the sampled text, which differs between samples at temperature 1.
+# Every rollout also earns an intermediate reward (a bonus) from its text: the default
+# final credit leaves it out; discounted credit adds it (the shaping-only test below)
 AGENT = textwrap.dedent(
     """
     import hashlib
 
+    import boltrl
     from openai import OpenAI
 
     def agent(task, llm):
@@ -36,10 +40,12 @@ AGENT = textwrap.dedent(
             model=llm.model, messages=[{"role": "user", "content": task["prompt"]}]
         )
         text = reply.choices[0].message.content or ""
+        # distinct texts, distinct digests (32 bits: no accidental ties)
+        digest = int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 16**8
+        boltrl.emit_reward(digest / 10, name="bonus")
         if task["kind"] == "fixed":
             return 0.5
-        # distinct texts, distinct rewards (a 32-bit digest: no accidental ties)
-        return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 16**8
+        return digest
     """
 )
 
@@ -205,3 +211,42 @@ def test_settings_that_cannot_work_are_refused(
 def test_max_rounds_below_two_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput, match=r"dynamic_sampling\.max_rounds"):
         _config(tmp_path, ["mixed"], dynamic_sampling={"min_groups": 1, "max_rounds": 1})
+
+
+def _differs(values: list[float]) -> bool:
+    return max(values) - min(values) > 1e-12
+
+
+@pytest.mark.parametrize("mode", ["discounted", "final"])
+def test_groups_set_apart_only_by_intermediate_rewards_are_counted(
+    tmp_path: Path, mode: str
+) -> None:
+    """``train/shaping_only_groups``: the trained groups whose rollouts' final rewards are
+    all equal, set apart only by their bonuses. With discounted credit the fixed tasks'
+    groups train on the bonuses alone and are counted; with final credit they are skipped."""
+    kinds = ["fixed", "mixed", "fixed", "fixed", "mixed", "fixed"]
+    _, _, out = _run(tmp_path, kinds, credit={"mode": mode})
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if "train/reward_mean" in r]
+    rollouts = _train_rollouts(out)
+    assert len(rows) == 2
+    for row in rows:
+        groups: dict[str, list[Any]] = defaultdict(list)
+        for r in rollouts:
+            if r.task.metadata["step"] == row["step"]:
+                groups[r.task.id].append(r)
+        assert len(groups) == 3
+        trained = shaping = 0
+        for members in groups.values():
+            finals = [r.reward for r in members]
+            bonuses = [sum(x.value for x in r.rewards if not x.final) for r in members]
+            returns = [f + b for f, b in zip(finals, bonuses, strict=True)]
+            learns = _differs(finals if mode == "final" else returns)
+            trained += learns
+            shaping += learns and not _differs(finals)
+        assert row["train/trained_groups"] == trained
+        assert row["train/shaping_only_groups"] == shaping
+    total = sum(r["train/shaping_only_groups"] for r in rows)
+    if mode == "final":
+        assert total == 0  # the final reward alone: equal finals never train
+    else:  # each step draws at least one fixed task (4 of 6), whose bonuses differ
+        assert total >= 2
