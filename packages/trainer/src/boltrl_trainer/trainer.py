@@ -694,7 +694,7 @@ def _shaping_only_groups(
     rollouts: list[Rollout], trans: list[Transition], keep: list[bool], credit: CreditConfig
 ) -> int:
     """Groups the update learns from although their rollouts' final rewards are all equal:
-    their returns differ only by intermediate rewards (``emit_reward(..., final=False)``),
+    their returns differ only by intermediate rewards (``boltrl.emit_reward``),
     so with std-normalized advantages a 0.1 bonus difference trains as hard as success
     against failure. Many such groups mean the step teaches collecting the shaping rewards,
     not finishing the task (rag_agent's searches past the answer: its README)."""
