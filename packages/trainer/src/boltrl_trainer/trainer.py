@@ -609,7 +609,7 @@ class Trainer:
         stats["train/trained_groups"] = adv.stats.get("groups", 0.0) - stats["train/skipped_groups"]
         if not isinstance(self.algo, ReinforceConfig):  # its baseline is not the group's
             stats["train/shaping_only_groups"] = float(
-                _shaping_only_groups(ok, trans, adv.keep.tolist(), self.credit)
+                _shaping_only_groups(ok, trans, keep, self.credit)
             )
         stats["train/advantage_abs_mean"] = float(adv.advantages.abs().mean())
         kept = [t for t, k in zip(trans, keep, strict=True) if k]
