@@ -236,7 +236,7 @@ def test_training_only_the_writer(example_agent: Any, task: dict[str, Any]) -> N
     assert [t.agent for t in kept] == ["writer", "writer"]
     assert [t.reward for t in kept] == [1.0, 1.0]
     assert [t.agent for t in boltrl.transitions(rollout, "final")] == ["writer", "checker"] * 2
-    assert load_config(EXAMPLE / "train.yaml").credit == {"mode": "final"}
+    assert load_config(EXAMPLE / "train.yaml").credit == {"mode": "final", "merge_prefix": True}
 
 
 # -- configs -------------------------------------------------------------------------
