@@ -187,6 +187,16 @@ def build(out: Path = DATA, seed: int = 0) -> list[Path]:
     return written
 
 
+def rl_train() -> list[dict[str, Any]]:
+    """The shipped training problems except two-step ones, what ``train.yaml``'s RL phase
+    samples: a first warm start of SmolLM2-135M answered none of the two-step val problems
+    (two conversions folded into one wrong factor), whose GRPO groups would then be all
+    wrong and teach nothing. Later warm starts answered some (README), so this is a
+    choice to compare against all four levels, not a rule."""
+    rows = [json.loads(x) for x in (DATA / "train.jsonl").read_text().splitlines() if x.strip()]
+    return [t for t in rows if t["level"] != "two-step"]
+
+
 def from_file(
     path: Path,
     out: Path,

@@ -78,6 +78,13 @@ def test_teacher_spells_out_every_shipped_training_problem() -> None:
         assert any(op in plan for op in (" * ", " / ")), plan
 
 
+def test_rl_train_is_the_shipped_problems_but_two_step() -> None:
+    rl = data.rl_train()
+    shipped = _tasks("train")
+    assert rl == [t for t in shipped if t["level"] != "two-step"]
+    assert {t["level"] for t in rl} == {"one-step", "decimal", "word"} and len(rl) == 180
+
+
 def test_reads_a_question_answer_file(tmp_path: Path) -> None:
     src = tmp_path / "gsm8k.jsonl"
     rows = [
