@@ -191,8 +191,9 @@ def rl_train() -> list[dict[str, Any]]:
     """The shipped training problems except two-step ones, what ``train.yaml``'s RL phase
     samples: a first warm start of SmolLM2-135M answered none of the two-step val problems
     (two conversions folded into one wrong factor), whose GRPO groups would then be all
-    wrong and teach nothing. Later warm starts answered some (README), so this is a
-    choice to compare against all four levels, not a rule."""
+    wrong and teach nothing. Later warm starts answered some; RL on all four levels from
+    the same warm starts gained the same within a problem or two (README), so this is a
+    measured choice, not a rule."""
     rows = [json.loads(x) for x in (DATA / "train.jsonl").read_text().splitlines() if x.strip()]
     return [t for t in rows if t["level"] != "two-step"]
 
