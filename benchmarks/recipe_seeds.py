@@ -14,7 +14,12 @@ Prints one markdown table row per seed and a summary row; `--png` writes the cur
 `--test` also evaluates each seed's warm-start and final checkpoints on the config's test
 split (greedy `boltrl eval --checkpoint`, after the seed's recipe: not in its wall) and
 prints a second table; `--test-only` does that for the runs already in `--out`, and
-`--test-limit N` evaluates the first N test tasks only.
+`--test-limit N` evaluates the first N test tasks only. `--merge A/results.json
+B/results.json ...` prints the tables (and `--png` the curve) of seeds run by separate
+invocations, from their results files, without running anything:
+
+    uv run python benchmarks/recipe_seeds.py examples/dspy_program/train.yaml \
+        --merge runs/a/results.json runs/b/results.json --png curve.png
 """
 
 from __future__ import annotations
@@ -149,6 +154,57 @@ def print_test(rows: list[tuple[int, dict[str, Any]]]) -> None:
     print(f"| mean ± std | {_ms(warm)} | {_ms(rl)} | {_ms(gains, signed=True)} |", flush=True)
 
 
+TABLE_HEADER = (
+    "| seed | base | after warm start | after RL | RL gain | groups trained (shaping only) "
+    "| wall (s) | load avg |\n|---:|---:|---:|---:|---:|---:|---:|---|"
+)
+
+
+def print_row(r: dict[str, Any]) -> None:
+    gain = None if r["rl"] is None or r["warm"] is None else r["rl"] - r["warm"]
+    print(
+        f"| {r['seed']} | {_fmt(r['base'])} | {_fmt(r['warm'])} | {_fmt(r['rl'])} | "
+        f"{'n/a' if gain is None else f'{gain:+.3f}'} | {_groups(r)} | "
+        f"{r['wall_s']:.0f} | "
+        f"{r['load'][0]:.1f} → {r['load'][1]:.1f} |",
+        flush=True,
+    )
+
+
+def print_summary(results: list[dict[str, Any]]) -> None:
+    def col(k: str) -> list[float]:
+        return [r[k] for r in results if r.get(k) is not None]
+
+    gains = [r["rl"] - r["warm"] for r in results if r["rl"] is not None and r["warm"] is not None]
+    print(
+        f"| mean ± std | {_ms(col('base'))} | {_ms(col('warm'))} | {_ms(col('rl'))} | "
+        f"{_ms(gains, signed=True)} | {_count(_mean(col('groups')))}"
+        f"{_paren(_count(_mean(col('shaping'))))} | "
+        f"{statistics.mean(col('wall_s')):.0f} | |"
+    )
+
+
+def merge_results(paths: list[Path]) -> list[dict[str, Any]]:
+    """The seeds of several runs' ``results.json`` files, by seed. A seed in two files is
+    an error naming both: the files would disagree on which run the table shows."""
+    where: dict[int, Path] = {}
+    merged: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            rows = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise SystemExit(f"--merge: cannot read {path}: {e}") from None
+        if not isinstance(rows, list):
+            raise SystemExit(f"--merge: {path} is not a recipe_seeds results file (a list)")
+        for r in rows:
+            seed = r["seed"]
+            if seed in where:
+                raise SystemExit(f"--merge: seed {seed} is in both {where[seed]} and {path}")
+            where[seed] = path
+            merged.append(r)
+    return sorted(merged, key=lambda r: int(r["seed"]))
+
+
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
@@ -233,8 +289,29 @@ def main() -> None:
         action="store_true",
         help="only evaluate the runs already in --out on the test split",
     )
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="RESULTS",
+        help="print the tables (and --png the curve) of earlier runs' results.json files "
+        "together, without running anything",
+    )
     args = ap.parse_args()
     name = Path(args.config).resolve().parent.name
+    if args.merge:
+        merged = merge_results(args.merge)
+        print(TABLE_HEADER)
+        for r in merged:
+            print_row(r)
+        print_summary(merged)
+        if all(r.get("test") for r in merged):
+            print_test([(r["seed"], r["test"]) for r in merged])
+        if args.png:
+            plot(merged, Path(args.png), f"{name}: warm start then RL ({len(merged)} seeds)")
+            print(f"plot: {args.png}")
+        return
     out = Path(args.out or f"runs/recipe-{name}")
     out.mkdir(parents=True, exist_ok=True)
     extra = [x for o in args.overrides for x in ("--set", o)]
@@ -250,36 +327,14 @@ def main() -> None:
     if args.test_only:
         test_split(args.seeds)
         return
-    print(
-        "| seed | base | after warm start | after RL | RL gain | groups trained (shaping only) "
-        "| wall (s) "
-        "| load avg |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|---|")
+    print(TABLE_HEADER)
     results: list[dict[str, Any]] = []
     for s in args.seeds:
         base = results[0]["base"] if args.base_once and results else args.base
         r = run(args.config, s, out / f"seed-{s}", extra, out / f"seed-{s}.log", base)
         results.append(r)
-        gain = None if r["rl"] is None or r["warm"] is None else r["rl"] - r["warm"]
-        print(
-            f"| {s} | {_fmt(r['base'])} | {_fmt(r['warm'])} | {_fmt(r['rl'])} | "
-            f"{'n/a' if gain is None else f'{gain:+.3f}'} | {_groups(r)} | "
-            f"{r['wall_s']:.0f} | "
-            f"{r['load'][0]:.1f} → {r['load'][1]:.1f} |",
-            flush=True,
-        )
-
-    def col(k: str) -> list[float]:
-        return [r[k] for r in results if r.get(k) is not None]
-
-    gains = [r["rl"] - r["warm"] for r in results if r["rl"] is not None and r["warm"] is not None]
-    print(
-        f"| mean ± std | {_ms(col('base'))} | {_ms(col('warm'))} | {_ms(col('rl'))} | "
-        f"{_ms(gains, signed=True)} | {_count(_mean(col('groups')))}"
-        f"{_paren(_count(_mean(col('shaping'))))} | "
-        f"{statistics.mean(col('wall_s')):.0f} | |"
-    )
+        print_row(r)
+    print_summary(results)
     if args.test:
         tests = test_split([r["seed"] for r in results])
         for (_, t), r in zip(tests, results, strict=True):
