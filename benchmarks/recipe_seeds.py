@@ -194,8 +194,8 @@ def merge_results(paths: list[Path]) -> list[dict[str, Any]]:
             rows = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise SystemExit(f"--merge: cannot read {path}: {e}") from None
-        if not isinstance(rows, list):
-            raise SystemExit(f"--merge: {path} is not a recipe_seeds results file (a list)")
+        if not isinstance(rows, list) or not all(isinstance(r, dict) and "seed" in r for r in rows):
+            raise SystemExit(f"--merge: {path} is not a recipe_seeds results file (seeds)")
         for r in rows:
             seed = r["seed"]
             if seed in where:

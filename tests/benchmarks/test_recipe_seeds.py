@@ -66,3 +66,11 @@ def test_merge_names_a_file_it_cannot_read(tmp_path: Path) -> None:
     proc = _merge(str(missing))
     assert proc.returncode != 0
     assert f"cannot read {missing}" in proc.stderr
+
+
+def test_merge_refuses_a_file_that_is_not_a_results_file(tmp_path: Path) -> None:
+    other = tmp_path / "metrics.json"
+    other.write_text(json.dumps([{"step": 1, "val/reward_mean": 0.5}]))
+    proc = _merge(str(other))
+    assert proc.returncode != 0
+    assert f"{other} is not a recipe_seeds results file" in proc.stderr
