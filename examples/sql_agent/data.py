@@ -433,6 +433,22 @@ def build(out: Path = DATA, seed: int = 0) -> list[Path]:
     return written
 
 
+def undemonstrated_train(demonstrated: int = 100) -> list[dict[str, Any]]:
+    """The shipped training questions past the first ``demonstrated``: those the teacher
+    does not demonstrate (train.yaml's ``warm_start.limit``). The warm start answers the
+    questions it was shown right every time, so their GRPO groups have equal rewards and
+    teach nothing; an RL variant the README measures (not the shipped recipe)."""
+    path = DATA / "train.jsonl"
+    tasks = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return tasks[demonstrated:]
+
+
+def rl_train() -> list[dict[str, Any]]:
+    """``undemonstrated_train`` without the easy questions, which the warm start also
+    answers right nearly every time; an RL variant the README measures (not shipped)."""
+    return [t for t in undemonstrated_train() if t["difficulty"] != "easy"]
+
+
 # -- Spider --------------------------------------------------------------------------
 
 

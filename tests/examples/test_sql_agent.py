@@ -20,6 +20,7 @@ from boltrl.records import Rollout, RolloutStatus
 from boltrl.testing import ScriptedBackend
 from boltrl_trainer.config import load_config
 from boltrl_trainer.models import tiny_model
+from boltrl_trainer.tasks import load_tasks
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sql_agent"
 sys.path.insert(0, str(EXAMPLE.parent))
@@ -64,6 +65,24 @@ def test_shipped_tasks_are_graded_disjoint_and_answerable() -> None:
         assert len({t["id"] for t in tasks}) == len(tasks)
     for t in splits["val"]:
         assert reward.execute(DB, t["query"]), t  # every gold query runs and returns rows
+
+
+def test_rl_variants_leave_out_what_the_warm_start_demonstrates() -> None:
+    # the RL task sets the README measures, loaded as `--set tasks.train=...` loads them:
+    # none is a question the shipped warm start demonstrates (its first `limit` tasks)
+    cfg = load_config(EXAMPLE / "train.yaml")
+    assert cfg.warm_start is not None
+    train = _tasks("train")
+    shown = {t["id"] for t in train[: cfg.warm_start.limit]}
+    rest = load_tasks(f"{EXAMPLE / 'data.py'}:undemonstrated_train", split="train")
+    assert [t.input for t in rest] == train[cfg.warm_start.limit :]
+    hard = load_tasks(f"{EXAMPLE / 'data.py'}:rl_train", split="train")
+    assert [t.input for t in hard] == [
+        t for t in train[cfg.warm_start.limit :] if t["difficulty"] != "easy"
+    ]
+    assert {t.input["difficulty"] for t in hard} == {"medium", "hard", "extra"}
+    assert not shown & {t.id for t in rest}
+    assert len(rest) + len(shown) == len(train)
 
 
 # -- reward --------------------------------------------------------------------------
